@@ -1,3 +1,42 @@
-"""stoker: develop, run and scale LLM training pipelines."""
+"""stoker: develop, run and scale LLM training pipelines.
+
+`from stoker import FlowSpec, step, Parameter, current, ...` follows Metaflow's API, so a Metaflow flow that
+uses these runs after changing its import line. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .flow import spec as _spec
+from .flow.current import current
+from .flow.decorators import catch, environment, parallel, resources, retry, step, timeout, torchrun
+from .flow.parameters import Config, IncludeFile, JSONType, Parameter
+from .flow.spec import FlowSpec, MergeArtifactsError
 
 __version__ = "0.1.0"
+
+
+def _run_cli(flow_cls: type) -> Any:
+    from .cli.flow_cli import main
+
+    return main(flow_cls)
+
+
+_spec.CLI_HOOK = _run_cli
+
+_CLIENT = {"Flow", "Run", "Step", "Task", "DataArtifact", "Metaflow", "namespace", "get_namespace",
+           "default_namespace"}
+
+
+def __getattr__(name: str) -> Any:
+    # The client is loaded on first use so that `import stoker` in a task stays light.
+    if name in _CLIENT:
+        from .store import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+
+
+__all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
+           "timeout", "resources", "environment", "parallel", "torchrun", "MergeArtifactsError", *sorted(_CLIENT)]

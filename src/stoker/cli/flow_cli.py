@@ -1,0 +1,193 @@
+"""`python flow.py COMMAND`: run, resume, check, show, logs (and the internal `_task`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+from ..flow.graph import FlowGraph, lint
+from ..flow.parameters import _MISSING, Config, IncludeFile, parse_override_value
+from .errors import run_cli
+
+COMPAT_FLAGS = ("--no-pylint", "--pylint")  # accepted for Metaflow scripts; stoker's check always runs
+COMPAT_OPTIONS = ("--datastore", "--metadata", "--environment", "--datastore-root", "--event-logger", "--monitor")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--with", dest="with_", action="append", default=[], metavar="DECO[:k=v,...]",
+                   help="attach a decorator to every step, e.g. retry:times=2")
+    p.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
+    p.add_argument("--max-workers", type=int, default=16, help="most tasks running at once (default 16)")
+    p.add_argument("--max-num-splits", type=int, default=10000, help="accepted for Metaflow compatibility")
+    p.add_argument("--run-id-file", help="write the run id to this file")
+    p.add_argument("--quiet", action="store_true", help="print only the run's start and end")
+
+
+def build_parser(flow_cls: type) -> argparse.ArgumentParser:
+    name = os.path.basename(sys.argv[0]) or "flow.py"
+    ap = argparse.ArgumentParser(prog=f"python {name}", description=(flow_cls.__doc__ or "").strip() or None)
+    ap.add_argument("--with", dest="global_with", action="append", default=[], help=argparse.SUPPRESS)
+    sub = ap.add_subparsers(dest="command", metavar="{run,resume,check,show,logs}")
+    run = sub.add_parser("run", help="run the flow")
+    _common(run)
+    run.add_argument("--config", nargs="+", action="append", default=[], metavar="[NAME] PATH",
+                     help="a TOML/JSON file for the flow's Config (NAME when it has several)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override one config value, e.g. --set train.lr=3e-4")
+    for attr, p in flow_cls._run_inputs().items():
+        if isinstance(p, Config):
+            continue
+        kind = "file" if isinstance(p, IncludeFile) else getattr(p.type, "__name__", getattr(p.type, "name", ""))
+        help_ = f"{p.help} ({kind}" + (f", default {p.default!r})" if p.show_default and p.default is not _MISSING else ")")
+        if p.type is bool:
+            run.add_argument(f"--{p.cli_name}", dest=f"param__{p.name}", nargs="?", const="true", help=help_)
+            run.add_argument(f"--no-{p.cli_name}", dest=f"param__{p.name}", action="store_const", const="false",
+                             help=argparse.SUPPRESS)
+        else:
+            run.add_argument(f"--{p.cli_name}", dest=f"param__{p.name}", help=help_)
+    res = sub.add_parser("resume", help="re-run a failed run from its failed steps, reusing what succeeded")
+    res.add_argument("run_id", nargs="?", help="the run to resume (default: the latest run)")
+    res.add_argument("--origin-run-id", dest="origin", help="same as RUN_ID (Metaflow's spelling)")
+    res.add_argument("--step", help="run this step and everything after it again, even if it succeeded")
+    _common(res)
+    sub.add_parser("check", help="check the flow's graph and print 'valid'")
+    sub.add_parser("show", help="print the flow's steps and transitions")
+    lg = sub.add_parser("logs", help="print the logs of RUN/STEP[/TASK]")
+    lg.add_argument("pathspec")
+    lg.add_argument("--stderr", action="store_true")
+    tk = sub.add_parser("_task", help=argparse.SUPPRESS)
+    tk.add_argument("spec")
+    return ap
+
+
+def _split_compat(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in COMPAT_FLAGS:
+            continue
+        if a.split("=")[0] in COMPAT_OPTIONS:
+            skip = "=" not in a and i + 1 < len(argv)
+            continue
+        out.append(a)
+    return out
+
+
+def main(flow_cls: type, argv: list[str] | None = None) -> Any:
+    argv = _split_compat(list(sys.argv[1:] if argv is None else argv))
+    if argv[:1] == ["_task"]:
+        from ..runtime.task import main_from_cli
+
+        sys.exit(main_from_cli(flow_cls, argv[1]))
+    args = build_parser(flow_cls).parse_args(argv)
+    return run_cli(lambda: dispatch(flow_cls, args))
+
+
+def _configs(raw: list[list[str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw:
+        if len(item) == 1:
+            out["__single__"] = item[0]
+        elif len(item) == 2:
+            out[item[0]] = item[1]
+        else:
+            raise ConfigError("--config takes PATH or NAME PATH")
+    return out
+
+
+def _overrides(raw: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in raw:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=3e-4")
+        out[key.strip()] = parse_override_value(value.strip())
+    return out
+
+
+def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
+    from ..backends.local import LocalExecutor
+    from ..runtime.launch import latest_run_id, start_run
+
+    if args.command in (None, "check", "show"):
+        graph = FlowGraph(flow_cls)
+        lint(graph, flow_cls._run_inputs())
+        if args.command == "show":
+            print_graph(graph)
+        else:
+            print(f"flow {graph.name} is valid: {len(graph.nodes)} steps")
+        if args.command is None:
+            print("commands: run, resume, check, show, logs (python flow.py COMMAND --help)")
+        return 0
+    if args.command == "logs":
+        from .logs import print_logs
+
+        return print_logs(f"{flow_cls.__name__}/{args.pathspec}" if not args.pathspec.startswith(
+            flow_cls.__name__ + "/") else args.pathspec, stderr=args.stderr)
+    executor = LocalExecutor(flow_file=sys.argv[0])
+    with_specs = list(args.global_with) + list(args.with_)
+    if args.command == "run":
+        configs = _configs(args.config)
+        cfg_names = [p.name for p in flow_cls._run_inputs().values() if isinstance(p, Config)]
+        if "__single__" in configs:
+            if len(cfg_names) != 1:
+                raise ConfigError("--config PATH needs the flow to have exactly one Config; use --config NAME PATH "
+                                  f"(configs: {', '.join(cfg_names) or 'none'})")
+            configs[cfg_names[0]] = configs.pop("__single__")
+        params = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
+        result = start_run(flow_cls, executor, params=params, config_paths=configs, overrides=_overrides(args.set),
+                           with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
+                           run_id_file=args.run_id_file, quiet=args.quiet)
+    else:
+        from ..store.metadata import MetadataDB
+        from ..store.paths import default_db_path
+
+        origin = args.run_id or args.origin or latest_run_id(MetadataDB(default_db_path()), flow_cls.__name__)
+        rerun: set[str] = set()
+        if args.step:
+            graph = FlowGraph(flow_cls)
+            if args.step not in graph:
+                raise ConfigError(f"resume --step {args.step}: the flow has no such step ({', '.join(graph.nodes)})")
+            rerun = _downstream(graph, args.step)
+        result = start_run(flow_cls, executor, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
+                           origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet)
+    return {"succeeded": 0, "killed": 130}.get(result.status, 1)
+
+
+def _downstream(graph: FlowGraph, step: str) -> set[str]:
+    seen, stack = set(), [step]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(graph[n].out_funcs)
+    return seen
+
+
+def print_graph(graph: FlowGraph) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    c = Console(highlight=False)
+    c.print(Text(f"{graph.name}  ({graph.file})", style="bold"))
+    for node in graph:
+        decos = " ".join(repr(d) for d in node.decorators)
+        head = Text(f"\nStep {node.name}", style="bold cyan")
+        if decos:
+            head.append(f"  {decos}", style="dim")
+        c.print(head)
+        if node.doc:
+            c.print(Text(f"    {node.doc.strip().splitlines()[0]}", style="italic"))
+        if node.kind == "end":
+            c.print("    => (end)")
+        elif node.kind == "foreach":
+            c.print(f"    => {node.out_funcs[0]}  (foreach {node.foreach_var})")
+        elif node.kind == "parallel":
+            c.print(f"    => {node.out_funcs[0]}  (gang of {node.num_parallel})")
+        else:
+            c.print(f"    => {', '.join(node.out_funcs)}")

@@ -1,0 +1,201 @@
+"""The on-disk layout of a prepared dataset, the :class:`DatasetRef` handed between steps, and the
+local / fsspec storage helpers that commit and fetch it.
+
+Layout (a folder or an object-store prefix)::
+
+    manifest.json                 written last: its presence means the dataset is committed
+    train/shard-00000.bin ...     flat little-endian uint16 (vocab <= 65536) or uint32 token ids
+    val/shard-00000.bin ...       (when a validation split was requested)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stoker.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "stoker.tokens/1"
+MANIFEST = "manifest.json"
+
+
+def home_dir() -> Path:
+    """``$STOKER_HOME`` or ``./.stoker``."""
+    return Path(os.environ.get("STOKER_HOME") or ".stoker").expanduser().resolve()
+
+
+def is_remote(url: str) -> bool:
+    """True for fsspec URLs other than ``file://`` (``s3://``, ``memory://`` ...)."""
+    return "://" in url and not url.startswith("file://")
+
+
+def local_path(url: str) -> Path:
+    """The folder behind a local path or ``file://`` URL."""
+    return Path(url[len("file://"):] if url.startswith("file://") else url).expanduser().resolve()
+
+
+def filesystem(url: str):
+    """(fsspec filesystem, path within it) for a remote URL."""
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise DataError(f"{url}: the filesystem driver is not installed ({exc}); install it "
+                        "(e.g. `pip install s3fs` for s3://)") from None
+    except ValueError as exc:
+        raise DataError(f"{url}: not a usable fsspec URL ({exc})") from None
+    return fs, path.rstrip("/")
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """A committed dataset: where it is and its manifest. Small and picklable (stored as a flow artifact)."""
+
+    url: str
+    fingerprint: str
+    manifest: dict = field(repr=False)
+
+    @property
+    def path(self) -> Path | None:
+        """The local folder, or None when the dataset lives in an object store."""
+        return None if is_remote(self.url) else local_path(self.url)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.manifest["block_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens stored in the train split (whole blocks)."""
+        return int(self.manifest["splits"]["train"]["num_tokens"])
+
+    @property
+    def splits(self) -> list[str]:
+        return sorted(self.manifest["splits"])
+
+    def num_blocks(self, split: str = "train") -> int:
+        return int(self.manifest["splits"][split]["num_blocks"])
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def parse_manifest(text: str, where: str) -> dict:
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise DataError(f"{where} is not valid JSON ({exc}): the dataset is corrupted; prepare it again "
+                        "with overwrite=True (--overwrite)") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{where} is not a stoker dataset manifest (format {FORMAT!r}); prepare the dataset "
+                        "with `stoker data prepare`")
+    return manifest
+
+
+def read_manifest(url: str) -> dict | None:
+    """The committed manifest at ``url``, or None when nothing is committed there."""
+    if is_remote(url):
+        fs, root = filesystem(url)
+        where = f"{root}/{MANIFEST}"
+        if not fs.exists(where):
+            return None
+        with fs.open(where, "r") as f:
+            return parse_manifest(f.read(), f"{url.rstrip('/')}/{MANIFEST}")
+    path = local_path(url) / MANIFEST
+    if not path.is_file():
+        return None
+    return parse_manifest(path.read_text(), str(path))
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, folder / MANIFEST)
+
+
+def staging_dir(target: str) -> Path:
+    """A private folder to write into before committing to ``target`` (same filesystem when local)."""
+    if is_remote(target):
+        base = home_dir() / "tmp"
+        base.mkdir(parents=True, exist_ok=True)
+        return base / f"prepare-{uuid.uuid4().hex[:12]}"
+    dest = local_path(target)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
+
+
+def commit(staging: Path, target: str, *, overwrite: bool = False) -> None:
+    """Publish ``staging`` at ``target`` atomically: a rename locally; shards then manifest remotely."""
+    if is_remote(target):
+        _upload(staging, target, overwrite=overwrite)
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    dest = local_path(target)
+    trash = None
+    if dest.exists():
+        if not overwrite:
+            raise DataError(f"{dest} already exists and holds another dataset; pass overwrite=True "
+                            "(--overwrite) or another output")
+        trash = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(dest, trash)
+    os.rename(staging, dest)  # atomic on one filesystem: readers see all of it or nothing
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _upload(staging: Path, target: str, *, overwrite: bool) -> None:
+    fs, root = filesystem(target)
+    if fs.exists(f"{root}/{MANIFEST}"):
+        if not overwrite:
+            raise DataError(f"{target} already holds a dataset; pass overwrite=True (--overwrite) or another output")
+        fs.rm(f"{root}/{MANIFEST}")  # uncommit first so no reader sees old manifest over new shards
+    uploaded: list[str] = []
+    try:
+        for file in sorted(staging.rglob("*")):
+            if file.is_file() and file.name != MANIFEST:
+                dest = f"{root}/{file.relative_to(staging).as_posix()}"
+                fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+                fs.put_file(str(file), dest)
+                uploaded.append(dest)
+        fs.put_file(str(staging / MANIFEST), f"{root}/{MANIFEST}")  # the commit point
+    except BaseException:
+        for dest in uploaded:  # best effort: leave nothing half-written behind
+            try:
+                fs.rm(dest)
+            except Exception:  # noqa: BLE001 - the original error matters more
+                logger.warning("could not remove partial upload %s", dest)
+        raise
+
+
+def download(url: str, manifest: dict, dest: Path) -> None:
+    """Copy a committed remote dataset to the local folder ``dest`` (atomically)."""
+    fs, root = filesystem(url)
+    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir(parents=True)
+    try:
+        for split in manifest["splits"].values():
+            for shard in split["shards"]:
+                (tmp / shard["path"]).parent.mkdir(parents=True, exist_ok=True)
+                fs.get_file(f"{root}/{shard['path']}", str(tmp / shard["path"]))
+        write_manifest(tmp, manifest)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process finished first
+            if not (dest / MANIFEST).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,216 @@
+"""`@step` and the step decorators: @retry, @catch, @timeout, @resources, @environment, @parallel, @torchrun.
+
+A decorator only records settings on the step function; the scheduler and the task entrypoint read them.
+They can also be attached from the CLI: `run --with retry:times=2 --with resources:cpu=2`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+
+
+class StepDecorator:
+    """Base of step decorators: `name`, `defaults` and the resolved `attributes`."""
+
+    name = ""
+    defaults: dict[str, Any] = {}
+    allow_multiple = False
+
+    def __init__(self, attributes: dict[str, Any] | None = None, statically_defined: bool = True) -> None:
+        attributes = dict(attributes or {})
+        unknown = set(attributes) - set(self.defaults)
+        if unknown:
+            raise ConfigError(
+                f"@{self.name} has no argument {', '.join(sorted(unknown))}; "
+                f"it takes {', '.join(sorted(self.defaults)) or 'no arguments'}"
+            )
+        self.attributes = {**self.defaults, **attributes}
+        self.statically_defined = statically_defined
+        self.validate()
+
+    def validate(self) -> None:
+        """Check attribute values; raise ConfigError naming the setting and the fix."""
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.attributes.items() if v != self.defaults.get(k))
+        return f"@{self.name}({args})"
+
+    def _number(self, key: str, minimum: float = 0, kind: type = int) -> None:
+        v = self.attributes[key]
+        try:
+            v = kind(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"@{self.name}({key}={v!r}): must be a number") from None
+        if v < minimum:
+            raise ConfigError(f"@{self.name}({key}={v}): must be at least {minimum}")
+        self.attributes[key] = v
+
+
+class RetryDecorator(StepDecorator):
+    name = "retry"
+    defaults = {"times": 3, "minutes_between_retries": 2}
+
+    def validate(self) -> None:
+        self._number("times")
+        self._number("minutes_between_retries", kind=float)
+
+
+class CatchDecorator(StepDecorator):
+    name = "catch"
+    defaults = {"var": None, "print_exception": True}
+
+
+class TimeoutDecorator(StepDecorator):
+    name = "timeout"
+    defaults = {"seconds": 0, "minutes": 0, "hours": 0}
+
+    def validate(self) -> None:
+        for k in self.defaults:
+            self._number(k, kind=float)
+        if self.total_seconds <= 0:
+            raise ConfigError("@timeout needs seconds=, minutes= or hours= greater than 0")
+
+    @property
+    def total_seconds(self) -> float:
+        a = self.attributes
+        return a["seconds"] + 60 * a["minutes"] + 3600 * a["hours"]
+
+
+class ResourcesDecorator(StepDecorator):
+    """Per-node resources. Locally they bound concurrency; remote backends request them."""
+
+    name = "resources"
+    defaults = {"cpu": None, "memory": None, "gpu": None, "trainium": None, "inferentia": None,
+                "efa": None, "shared_memory": None, "disk": None}
+
+    def validate(self) -> None:
+        for k, v in self.attributes.items():
+            if v is not None:
+                self._number(k, kind=float)
+
+
+class EnvironmentDecorator(StepDecorator):
+    name = "environment"
+    defaults = {"vars": {}}
+
+    def validate(self) -> None:
+        if not isinstance(self.attributes["vars"], dict):
+            raise ConfigError("@environment(vars=...) takes a dict of environment variables")
+        self.attributes["vars"] = {str(k): str(v) for k, v in self.attributes["vars"].items()}
+
+
+class ParallelDecorator(StepDecorator):
+    """Marks a gang step (the target of `self.next(..., num_parallel=N)`)."""
+
+    name = "parallel"
+    defaults = {}
+
+
+class TorchrunDecorator(ParallelDecorator):
+    """A gang step whose nodes launch torchrun: `current.torch.run(entrypoint, args)` in the step."""
+
+    name = "torchrun"
+    defaults = {"nproc_per_node": None, "master_port": None, "all_nodes_started_timeout": 600,
+                "rdzv_timeout": None, "max_restarts": 0, "tee": True}
+
+
+DECORATORS: dict[str, type[StepDecorator]] = {
+    d.name: d for d in (RetryDecorator, CatchDecorator, TimeoutDecorator, ResourcesDecorator,
+                        EnvironmentDecorator, ParallelDecorator, TorchrunDecorator)
+}
+
+
+def register_decorator(cls: type[StepDecorator]) -> type[StepDecorator]:
+    """Make a decorator class usable by name, e.g. from `--with` (backends register theirs)."""
+    DECORATORS[cls.name] = cls
+    return cls
+
+
+def step(func: Callable) -> Callable:
+    """Mark a FlowSpec method as a step."""
+    if getattr(func, "is_step", False):
+        func.decorator_errors.append(f"@step is applied twice to {func.__name__}")
+        return func
+    func.is_step = True
+    func.decorators = list(getattr(func, "decorators", []))
+    func.decorator_errors = list(getattr(func, "decorator_errors", []))
+    pending = getattr(func, "_pending_decorators", [])
+    for d in pending:
+        func.decorator_errors.append(f"@{d.name} is placed below @step on {func.__name__}: put @step last, "
+                                     f"right above `def {func.__name__}`")
+    return func
+
+
+def _attach(cls: type[StepDecorator], func: Callable, attributes: dict[str, Any]) -> Callable:
+    deco = cls(attributes)
+    if not getattr(func, "is_step", False):
+        func._pending_decorators = [*getattr(func, "_pending_decorators", []), deco]
+        return func
+    for existing in func.decorators:
+        if existing.name == deco.name and not deco.allow_multiple:
+            func.decorator_errors.append(f"@{deco.name} is applied twice to step {func.__name__}")
+    func.decorators.append(deco)
+    return func
+
+
+def _make(cls: type[StepDecorator]) -> Callable:
+    @functools.wraps(cls)
+    def decorator(f: Callable | None = None, **attributes: Any) -> Callable:
+        if f is not None and callable(f):
+            return _attach(cls, f, attributes)
+        return lambda func: _attach(cls, func, attributes)
+
+    decorator.__doc__ = cls.__doc__
+    return decorator
+
+
+retry = _make(RetryDecorator)
+catch = _make(CatchDecorator)
+timeout = _make(TimeoutDecorator)
+resources = _make(ResourcesDecorator)
+environment = _make(EnvironmentDecorator)
+parallel = _make(ParallelDecorator)
+torchrun = _make(TorchrunDecorator)
+
+
+def parse_with(spec: str) -> StepDecorator:
+    """`retry:times=2,minutes_between_retries=0` -> RetryDecorator. Values are parsed as JSON when possible."""
+    from .parameters import parse_override_value
+
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if name not in DECORATORS:
+        raise ConfigError(f"--with {spec}: unknown decorator {name!r}; known: {', '.join(sorted(DECORATORS))}")
+    attrs: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ConfigError(f"--with {spec}: expected key=value, got {part!r}")
+        attrs[key.strip()] = parse_override_value(value.strip())
+    return DECORATORS[name](attrs, statically_defined=False)
+
+
+def get_decorator(func: Callable, name: str) -> StepDecorator | None:
+    for d in getattr(func, "decorators", []):
+        if d.name == name or (name == "parallel" and isinstance(d, ParallelDecorator)):
+            return d
+    return None
+
+
+def apply_with(flow_cls: type, specs: list[str]) -> None:
+    """Attach `--with NAME:k=v` decorators to every step that does not already have one of that name."""
+    for spec in specs:
+        template = parse_with(spec)
+        for attr in dir(flow_cls):
+            func = getattr(flow_cls, attr, None)
+            if not (callable(func) and getattr(func, "is_step", False)):
+                continue
+            if isinstance(template, ParallelDecorator):
+                raise ConfigError(f"--with {spec}: @{template.name} marks gang steps and cannot be added to every "
+                                  f"step; put it on the step in the flow file")
+            if get_decorator(func, template.name) is None:
+                func.decorators.append(type(template)(dict(template.attributes), statically_defined=False))

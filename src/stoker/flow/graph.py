@@ -1,0 +1,194 @@
+"""The static graph of a flow, read from the source of its step methods (as Metaflow does), and its lint.
+
+Every error names `file:line` and the fix, and all are reported at once before anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import GraphError
+from .decorators import ParallelDecorator
+
+RESERVED = {"next", "input", "index", "foreach_stack", "merge_artifacts", "name", "script_name", "cmd"}
+
+
+@dataclass
+class StepNode:
+    """One step: where it is, what it calls next, and its place among splits and joins."""
+
+    name: str
+    file: str
+    lineno: int
+    num_args: int
+    out_funcs: list[str] = field(default_factory=list)
+    kind: str = "linear"  # outgoing: linear | split | foreach | parallel | end
+    foreach_var: str | None = None
+    num_parallel: Any = None  # int literal, or an ast expression string
+    next_lineno: int = 0
+    in_funcs: list[str] = field(default_factory=list)
+    split_parents: list[str] = field(default_factory=list)  # enclosing splits, outermost first
+    matching_join: str | None = None
+    decorators: list = field(default_factory=list)
+    doc: str = ""
+    problems: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def is_join(self) -> bool:
+        return self.num_args == 2
+
+    @property
+    def is_gang(self) -> bool:
+        return any(isinstance(d, ParallelDecorator) for d in self.decorators)
+
+    def where(self, lineno: int | None = None) -> str:
+        return f"{self.file}:{lineno or self.lineno}"
+
+
+def _self_attr(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _is_next_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and _self_attr(node.func) == "next"
+
+
+class FlowGraph:
+    """Steps of a FlowSpec class keyed by name, with `in_funcs`, split parents and matching joins."""
+
+    def __init__(self, flow_cls: type) -> None:
+        self.name = flow_cls.__name__
+        self.nodes: dict[str, StepNode] = {}
+        self.assigned: set[str] = set()  # every `self.x = ...` in any step
+        self.class_attrs = {k for c in flow_cls.__mro__ for k in vars(c)}
+        self.global_problems: list[str] = []
+        try:
+            self.file = inspect.getsourcefile(flow_cls) or "<unknown>"
+        except TypeError:
+            self.file = "<unknown>"
+        for attr in dir(flow_cls):
+            func = getattr(flow_cls, attr, None)
+            if callable(func) and getattr(func, "is_step", False):
+                self.nodes[attr] = self._parse(attr, func)
+        for node in self.nodes.values():
+            for out in node.out_funcs:
+                if out in self.nodes:
+                    self.nodes[out].in_funcs.append(node.name)
+        self.sorted_nodes = self._order()
+
+    def _parse(self, name: str, func: Any) -> StepNode:
+        func = inspect.unwrap(func)
+        try:
+            lines, start = inspect.getsourcelines(func)
+            file = inspect.getsourcefile(func) or self.file
+        except (OSError, TypeError):
+            return StepNode(name=name, file=self.file, lineno=0, num_args=1,
+                            problems=[(0, f"cannot read the source of step {name}")])
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        off = start - 1
+        node = StepNode(name=name, file=file, lineno=fdef.lineno + off + len(fdef.decorator_list),
+                        num_args=len(fdef.args.args), decorators=list(func.decorators),
+                        doc=ast.get_docstring(fdef) or "")
+        for err in func.decorator_errors:
+            node.problems.append((node.lineno, err))
+        for sub in ast.walk(fdef):
+            if isinstance(sub, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                for t in targets:
+                    for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        a = _self_attr(el)
+                        if a:
+                            self.assigned.add(a)
+        calls = [n for n in ast.walk(fdef) if _is_next_call(n)]
+        last = fdef.body[-1] if fdef.body else None
+        if name == "end":
+            node.kind = "end"
+            for c in calls:
+                node.problems.append((c.lineno + off, "the end step must not call self.next(); remove it"))
+            return node
+        if not calls:
+            node.problems.append((node.lineno, f"step {name} never calls self.next(): end it with "
+                                               f"self.next(self.<following step>)"))
+            return node
+        if len(calls) > 1 or not (isinstance(last, ast.Expr) and _is_next_call(last.value)):
+            node.problems.append((calls[0].lineno + off, f"self.next() must be the last statement of step {name} "
+                                  "and be called once; choose the branch with foreach= or a static split"))
+        call = calls[-1]
+        node.next_lineno = call.lineno + off
+        for arg in call.args:
+            target = _self_attr(arg)
+            if target is None:
+                node.problems.append((node.next_lineno, f"self.next() in step {name} takes steps as self.<step>, "
+                                      f"got {ast.unparse(arg)}"))
+            else:
+                node.out_funcs.append(target)
+        kw = {k.arg: k.value for k in call.keywords}
+        if not node.out_funcs and not node.problems:
+            node.problems.append((node.next_lineno, f"self.next() in step {name} names no step"))
+        if "foreach" in kw:
+            v = kw["foreach"]
+            if not (isinstance(v, ast.Constant) and isinstance(v.value, str)):
+                node.problems.append((node.next_lineno, "foreach= takes the name of an artifact as a string, "
+                                      "e.g. self.next(self.work, foreach='items')"))
+            else:
+                node.foreach_var = v.value
+            node.kind = "foreach"
+        if "num_parallel" in kw:
+            v = kw["num_parallel"]
+            node.num_parallel = v.value if isinstance(v, ast.Constant) else ast.unparse(v)
+            if "foreach" in kw:
+                node.problems.append((node.next_lineno, "use either foreach= or num_parallel=, not both"))
+            node.kind = "parallel"
+        unknown = set(kw) - {"foreach", "num_parallel"}
+        if unknown:
+            node.problems.append((node.next_lineno, f"self.next() has no argument {', '.join(sorted(unknown))}"))
+        if node.kind in ("foreach", "parallel") and len(node.out_funcs) > 1:
+            node.problems.append((node.next_lineno, f"a {node.kind} goes to exactly one step; "
+                                  f"got {len(node.out_funcs)}"))
+        elif node.kind == "linear" and len(node.out_funcs) > 1:
+            node.kind = "split"
+        return node
+
+    def _order(self) -> list[StepNode]:
+        """Steps in breadth-first order from start (unreachable steps last)."""
+        seen: list[str] = []
+        queue = ["start"] if "start" in self.nodes else []
+        while queue:
+            n = queue.pop(0)
+            if n in seen or n not in self.nodes:
+                continue
+            seen.append(n)
+            queue.extend(self.nodes[n].out_funcs)
+        rest = [n for n in sorted(self.nodes) if n not in seen]
+        return [self.nodes[n] for n in seen + rest]
+
+    def __getitem__(self, name: str) -> StepNode:
+        return self.nodes[name]
+
+    def __iter__(self):
+        return iter(self.sorted_nodes)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.nodes
+
+    def closing_split(self, join: str) -> StepNode:
+        """The split, foreach or gang that a join step closes."""
+        return self.nodes[self.nodes[join].split_parents[-1]]
+
+
+def lint(graph: FlowGraph, parameters: dict[str, Any] | None = None) -> None:
+    """Raise one GraphError listing every problem, each with file:line and the fix."""
+    from .lint import collect_problems
+
+    problems = collect_problems(graph, parameters or {})
+    if problems:
+        lines = [f"{where}: {msg}" for where, msg in problems]
+        raise GraphError(f"flow {graph.name} is not valid ({len(lines)} problem"
+                         f"{'s' if len(lines) > 1 else ''}):\n  " + "\n  ".join(lines))

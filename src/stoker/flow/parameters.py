@@ -1,0 +1,246 @@
+"""Run inputs: `Parameter` (CLI `--name value`), `Config` (a TOML/JSON file) and `IncludeFile` (a file's text).
+
+All three are declared as class attributes of a FlowSpec, resolved once by the scheduler, stored with the run,
+and read in every step as `self.<attribute>` (read-only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+_MISSING = object()
+
+
+class JSONTypeClass:
+    """`type=JSONType` parses the CLI value as JSON (as Metaflow's JSONType)."""
+
+    name = "JSON"
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not valid JSON: {e}") from None
+        return value
+
+
+JSONType = JSONTypeClass()
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on", "y", "t"):
+        return True
+    if s in ("0", "false", "no", "off", "n", "f"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (use true/false)")
+
+
+class Parameter:
+    """A run parameter, given on the command line as `--name value`."""
+
+    IS_RUN_INPUT = True
+
+    def __init__(
+        self,
+        name: str,
+        default: Any = _MISSING,
+        type: Callable[[Any], Any] | None = None,  # noqa: A002 - Metaflow's argument name
+        help: str | None = None,  # noqa: A002
+        required: bool = False,
+        show_default: bool = True,
+        **_ignored: Any,
+    ) -> None:
+        self.name = name
+        self.default = default
+        self.help = help or ""
+        self.required = required
+        self.show_default = show_default
+        if type is None:
+            d = default() if callable(default) and default is not _MISSING else default
+            type = builtins_type(d) if d not in (_MISSING, None) else str
+        self.type = type
+
+    @property
+    def cli_name(self) -> str:
+        return self.name.replace("_", "-")
+
+    def convert(self, raw: Any) -> Any:
+        try:
+            if self.type is bool:
+                return _parse_bool(raw)
+            if raw is None:
+                return None
+            if self.type in (int, float, str) and isinstance(raw, self.type):
+                return raw
+            return self.type(raw)
+        except (ValueError, TypeError) as e:
+            tname = getattr(self.type, "__name__", getattr(self.type, "name", str(self.type)))
+            raise ConfigError(f"parameter --{self.cli_name}: {raw!r} is not a valid {tname} ({e})") from None
+
+    def resolve(self, given: Any = _MISSING) -> Any:
+        """The value for a run: the CLI value, else the default, else an error when required."""
+        if given is not _MISSING and given is not None:
+            return self.convert(given)
+        if self.default is _MISSING:
+            if self.required:
+                raise ConfigError(f"parameter --{self.cli_name} is required: pass --{self.cli_name} VALUE to run")
+            return None
+        d = self.default() if callable(self.default) else self.default
+        return self.convert(d) if d is not None else None
+
+    def __repr__(self) -> str:
+        return f"Parameter({self.name!r})"
+
+
+def builtins_type(value: Any) -> Callable[[Any], Any]:
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, int):
+        return int
+    if isinstance(value, float):
+        return float
+    if isinstance(value, (dict, list)):
+        return JSONType
+    return str
+
+
+class ConfigValue(dict):
+    """A read-only dict with attribute access (`self.config.train.lr`)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            v = self[key]
+        except KeyError:
+            raise AttributeError(f"config has no key {key!r}; keys: {sorted(self)}") from None
+        return ConfigValue(v) if isinstance(v, dict) and not isinstance(v, ConfigValue) else v
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("a Config is read-only in a step; change it with --config or --set")
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self))
+
+    def __reduce__(self):  # plain dict when pickled, so readers need no stoker class
+        return (ConfigValue, (dict(self),))
+
+
+def load_config_file(path: str | os.PathLike) -> dict:
+    """Parse a TOML or JSON file, naming the file and the fix on error."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist: pass an existing TOML or JSON file")
+    text = p.read_text()
+    try:
+        if p.suffix in (".json",):
+            return json.loads(text)
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        return tomllib.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+        raise ConfigError(f"config file {p} cannot be parsed: {e}") from None
+
+
+def parse_override_value(text: str) -> Any:
+    """`--set a.b=VALUE`: VALUE as JSON/TOML scalar when it parses, else the raw string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        low = text.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return text
+
+
+def apply_overrides(data: dict, overrides: Mapping[str, Any], source: str = "--set") -> dict:
+    """Return a copy of `data` with dotted keys set; an unknown top-level section is an error."""
+    out = json.loads(json.dumps(data))
+    for dotted, value in overrides.items():
+        keys = dotted.split(".")
+        cur = out
+        for k in keys[:-1]:
+            if k not in cur or not isinstance(cur[k], dict):
+                if cur is out and out:
+                    raise ConfigError(
+                        f"{source} {dotted}: there is no section {k!r} in the config (sections: {sorted(out)})"
+                    )
+                cur[k] = {}
+            cur = cur[k]
+        cur[keys[-1]] = value
+    return out
+
+
+class Config:
+    """A configuration file (TOML or JSON) stored with the run: `Config("config", default="cfg.toml")`.
+
+    `--config PATH` (or `--config NAME PATH` when a flow has several) chooses the file, `--set key.sub=value`
+    overrides single values. Read it in steps as `self.config.section.key` or `self.config["section"]`.
+    """
+
+    IS_RUN_INPUT = True
+
+    def __init__(
+        self,
+        name: str,
+        default: str | os.PathLike | None = None,
+        default_value: Mapping | None = None,
+        help: str | None = None,  # noqa: A002
+        required: bool = False,
+        parser: Callable[[str], dict] | None = None,
+        **_ignored: Any,
+    ) -> None:
+        self.name = name
+        self.default = default
+        self.default_value = dict(default_value) if default_value is not None else None
+        self.help = help or ""
+        self.required = required
+        self.parser = parser
+
+    def resolve(self, path: str | None = None, overrides: Mapping[str, Any] | None = None,
+                base_dir: Path | None = None) -> ConfigValue | None:
+        src = path or self.default
+        if src is not None:
+            p = Path(src)
+            if not p.is_absolute() and base_dir is not None and not p.exists():
+                p = base_dir / p
+            data = self.parser(p.read_text()) if self.parser else load_config_file(p)
+        elif self.default_value is not None:
+            data = self.default_value
+        elif self.required:
+            raise ConfigError(f"config {self.name!r} is required: pass --config {self.name} PATH")
+        else:
+            data = {}
+        return ConfigValue(apply_overrides(data, overrides or {}))
+
+    def __repr__(self) -> str:
+        return f"Config({self.name!r})"
+
+
+class IncludeFile(Parameter):
+    """A file whose contents become an artifact: `IncludeFile("data", default="data.csv", is_text=True)`."""
+
+    def __init__(self, name: str, default: Any = _MISSING, is_text: bool = True, encoding: str = "utf-8",
+                 help: str | None = None, required: bool = False, **kw: Any) -> None:  # noqa: A002
+        super().__init__(name, default=default, type=str, help=help, required=required, **kw)
+        self.is_text = is_text
+        self.encoding = encoding
+
+    def resolve(self, given: Any = _MISSING) -> Any:
+        path = super().resolve(given)
+        if path is None:
+            return None
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--{self.cli_name} {path}: no such file; pass the path of an existing file")
+        return p.read_text(encoding=self.encoding) if self.is_text else p.read_bytes()

@@ -1,0 +1,170 @@
+"""Start, resume and inspect runs of a flow class: resolve run inputs, lint, register the run, schedule it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import Executor
+from ..errors import ConfigError, StokerError
+from ..flow.decorators import apply_with
+from ..flow.graph import FlowGraph, lint
+from ..flow.parameters import _MISSING, Config
+from ..store.artifacts import save_artifact
+from ..store.blob import BlobStore, open_store
+from ..store.manifest import list_manifests
+from ..store.metadata import MetadataDB
+from ..store.paths import current_user, default_db_path, home_dir
+from .output import Display
+from .scheduler import RunResult, Scheduler, frames_key
+
+
+def new_run_id() -> str:
+    return str(int(time.time() * 1_000_000))
+
+
+def resolve_run_inputs(flow_cls: type, given: dict[str, Any], config_paths: dict[str, str],
+                       overrides: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Values of every Parameter, IncludeFile and Config for a run (errors name the flag and the fix)."""
+    values: dict[str, Any] = {}
+    inputs = flow_cls._run_inputs()
+    configs = {k: v for k, v in inputs.items() if isinstance(v, Config)}
+    unknown = set(config_paths) - {c.name for c in configs.values()}
+    if unknown:
+        raise ConfigError(f"--config {', '.join(sorted(unknown))}: the flow has no such Config "
+                          f"(it has {', '.join(c.name for c in configs.values()) or 'none'})")
+    by_cfg: dict[str, dict[str, Any]] = {c.name: {} for c in configs.values()}
+    for dotted, value in overrides.items():
+        head, _, rest = dotted.partition(".")
+        if head in by_cfg and rest:
+            by_cfg[head][rest] = value
+        elif len(by_cfg) == 1:
+            by_cfg[next(iter(by_cfg))][dotted] = value
+        else:
+            raise ConfigError(f"--set {dotted}: start the key with the config name "
+                              f"({', '.join(by_cfg) or 'the flow has no Config'})")
+    for attr, p in inputs.items():
+        if isinstance(p, Config):
+            values[attr] = p.resolve(config_paths.get(p.name), by_cfg[p.name], base_dir)
+        else:
+            values[attr] = p.resolve(given.get(p.name, _MISSING))
+    return values
+
+
+def prepare_flow(flow_cls: type, with_specs: list[str]) -> FlowGraph:
+    apply_with(flow_cls, with_specs)
+    graph = FlowGraph(flow_cls)
+    lint(graph, flow_cls._run_inputs())
+    return graph
+
+
+def check_capabilities(graph: FlowGraph, flow_cls: type, executor: Executor) -> None:
+    """Fail before anything starts when a step asks for what the backend cannot give."""
+    caps = executor.capabilities()
+    for node in graph:
+        d = next((d for d in node.decorators if d.name == "resources"), None)
+        if not d:
+            continue
+        a = d.attributes
+        if a.get("gpu") and a["gpu"] > caps.gpus:
+            raise ConfigError(f"{node.where()}: @resources(gpu={a['gpu']:g}) on step {node.name}, but the "
+                              f"{executor.name} backend has {caps.gpus} GPU(s): lower gpu= or run on a cluster "
+                              f"backend (--with slurm / @batch)")
+        if a.get("trainium") and a["trainium"] > caps.trainium:
+            raise ConfigError(f"{node.where()}: @resources(trainium={a['trainium']:g}) on step {node.name}, but "
+                              f"the {executor.name} backend has no Trainium devices: run it with @batch on a trn "
+                              f"instance type")
+
+
+def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | None = None,
+              config_paths: dict[str, str] | None = None, overrides: dict[str, Any] | None = None,
+              with_specs: list[str] | None = None, tags: list[str] | None = None, max_workers: int = 16,
+              store: BlobStore | None = None, db: MetadataDB | None = None, run_id: str | None = None,
+              origin_run_id: str | None = None, rerun_steps: set[str] | None = None, quiet: bool = False,
+              run_id_file: str | None = None) -> RunResult:
+    with_specs = list(with_specs or [])
+    graph = prepare_flow(flow_cls, with_specs)
+    check_capabilities(graph, flow_cls, executor)
+    store = store or open_store()
+    db = db or MetadataDB(default_db_path())
+    user = current_user()
+    flow_file = inspect.getsourcefile(flow_cls) or ""
+    origin: dict[tuple, dict] = {}
+    if origin_run_id:
+        origin, stored = load_origin(store, db, graph.name, origin_run_id)
+        values = stored
+    else:
+        values = resolve_run_inputs(flow_cls, params or {}, config_paths or {}, overrides or {},
+                                    Path(flow_file).parent)
+    run_id = run_id or new_run_id()
+    run_inputs = {k: save_artifact(store, v) for k, v in values.items()}
+    shown = {k: (v if _jsonable(v) else repr(v)) for k, v in values.items()
+             if not isinstance(flow_cls._run_inputs()[k], Config)}
+    configs = {k: dict(v) for k, v in values.items() if isinstance(flow_cls._run_inputs()[k], Config)}
+    db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
+                  origin_run_id=origin_run_id)
+    store.write(f"runs/{graph.name}/{run_id}/run.json", json.dumps(
+        {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
+         "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [],
+         "with": with_specs, "flow_file": flow_file}, default=str).encode())
+    if run_id_file:
+        Path(run_id_file).write_text(run_id)
+    display = Display(f"{graph.name}/{run_id}", quiet=quiet)
+    display.info(f"stoker: run {graph.name}/{run_id} started (user:{user}, store {store.url})"
+                 + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
+    sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, executor=executor,
+                      run_inputs=run_inputs, user=user, tags=tags or [], max_workers=max_workers, origin=origin,
+                      origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
+                      with_specs=with_specs, display=display, log_root=home_dir() / "logs")
+    started = time.time()
+    result = sched.run()
+    db.set_run_status(graph.name, run_id, result.status, finished_at=time.time())
+    elapsed = time.time() - started
+    if result.status == "succeeded":
+        display.info(f"stoker: run {graph.name}/{run_id} succeeded in {elapsed:.1f} s", style="bold green")
+    else:
+        for f in result.failures:
+            display.info(f, style="red")
+        display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; "
+                     f"continue it with `python {os.path.basename(flow_file)} resume {run_id}`", style="bold red")
+    return result
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tuple[dict[tuple, dict], dict]:
+    """Successful task manifests of the origin run keyed by (step, foreach position), and its run inputs."""
+    from ..store.artifacts import load_artifact
+
+    name = f"runs/{flow}/{run_id}/run.json"
+    if not store.exists(name):
+        raise StokerError(f"run {flow}/{run_id} is not in the store {store.url}: pick a run id from `stoker runs "
+                          f"{flow}`")
+    info = json.loads(store.read(name))
+    values = {k: load_artifact(store, d) for k, d in info["run_inputs"].items()}
+    origin: dict[tuple, dict] = {}
+    for mname in list_manifests(store, flow, run_id):
+        m = json.loads(store.read(mname))
+        if m.get("status") != "ok":
+            continue
+        key = (m["step"], frames_key(m.get("foreach_stack") or []))
+        if key not in origin or m["attempt"] > origin[key]["attempt"]:
+            origin[key] = m
+    return origin, values
+
+
+def latest_run_id(db: MetadataDB, flow: str) -> str:
+    run = db.latest_run(flow)
+    if run is None:
+        raise StokerError(f"flow {flow} has no runs to resume; start one with `run`")
+    return run.run_id

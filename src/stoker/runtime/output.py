@@ -1,0 +1,98 @@
+"""Live task output: lines prefixed `[run/step/task]`, full logs per attempt, and a compact progress line."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import IO
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+STYLES = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
+
+
+class TaskOutput:
+    """Collects one attempt's stdout/stderr: appends to log files and yields complete lines."""
+
+    def __init__(self, log_dir: Path, prefix: str) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix
+        self.paths = {s: log_dir / f"{s}.log" for s in ("stdout", "stderr")}
+        self.files: dict[str, IO[bytes]] = {s: open(p, "wb") for s, p in self.paths.items()}  # noqa: SIM115
+        self.partial = {"stdout": b"", "stderr": b""}
+        self.tail: deque[str] = deque(maxlen=30)
+
+    def feed(self, stream: str, data: bytes) -> list[str]:
+        self.files[stream].write(data)
+        buf = self.partial[stream] + data
+        *lines, self.partial[stream] = buf.split(b"\n")
+        out = [ln.decode("utf-8", "replace") for ln in lines]
+        self.tail.extend(f"{stream}: {ln}" if stream == "stderr" else ln for ln in out)
+        return out
+
+    def close(self) -> list[tuple[str, str]]:
+        rest = []
+        for s, p in self.partial.items():
+            if p:
+                line = p.decode("utf-8", "replace")
+                rest.append((s, line))
+                self.tail.append(line)
+            self.partial[s] = b""
+            self.files[s].close()
+        return rest
+
+    def read(self, stream: str) -> bytes:
+        return self.paths[stream].read_bytes()
+
+
+class Display:
+    """Prints prefixed task lines; on a terminal also keeps a one-line progress summary at the bottom."""
+
+    def __init__(self, run_label: str, quiet: bool = False, console: Console | None = None) -> None:
+        self.console = console or Console(file=sys.stdout, highlight=False, soft_wrap=True)
+        self.quiet = quiet
+        self.run_label = run_label
+        self.counts: Counter[str] = Counter()
+        self.started = time.time()
+        self._styles: dict[str, str] = {}
+        interactive = self.console.is_terminal and not os.environ.get("CI")
+        self.live = Live(self._summary(), console=self.console, auto_refresh=False,
+                         transient=True) if interactive and not quiet else None
+        if self.live:
+            self.live.start()
+        self._last = 0.0
+
+    def _style(self, step: str) -> str:
+        return self._styles.setdefault(step, STYLES[len(self._styles) % len(STYLES)])
+
+    def line(self, step: str, prefix: str, text: str, stream: str = "stdout") -> None:
+        if self.quiet:
+            return
+        t = Text(f"[{prefix}] ", style=self._style(step))
+        t.append(text, style="red" if stream == "stderr" else "")
+        self.console.print(t)
+
+    def info(self, text: str, style: str = "") -> None:
+        self.console.print(Text(text, style=style))
+
+    def count(self, state: str, delta: int = 1) -> None:
+        self.counts[state] += delta
+
+    def _summary(self) -> Text:
+        c = self.counts
+        return Text(f"{self.run_label}: {c['running']} running · {c['done']} done · {c['failed']} failed · "
+                    f"{time.time() - self.started:.0f}s", style="dim")
+
+    def refresh(self) -> None:
+        if self.live and time.time() - self._last > 0.2:
+            self.live.update(self._summary(), refresh=True)
+            self._last = time.time()
+
+    def close(self) -> None:
+        if self.live:
+            self.live.stop()

@@ -1,0 +1,49 @@
+"""TaskSpec: the small, JSON-serializable description of one task attempt.
+
+The same spec drives the task entrypoint wherever the task runs (a forked process here, a Slurm job step, a
+Batch container); a backend only decides where the command starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class TaskSpec:
+    flow: str
+    run_id: str
+    step: str
+    task_id: str
+    attempt: int = 0
+    max_attempts: int = 1
+    inputs: list[dict] = field(default_factory=list)  # [{"step", "task_id", "attempt"}] parent task attempts
+    foreach: list[dict] = field(default_factory=list)  # frames: {"step", "var", "index", "num_splits", "desc"}
+    parallel: dict | None = None  # {"main_ip", "num_nodes", "node_index", "port", "control_task_id"}
+    run_inputs: dict[str, dict] = field(default_factory=dict)  # parameter/config name -> artifact descriptor
+    user: str = "unknown"
+    tags: list[str] = field(default_factory=list)
+    origin_run_id: str | None = None
+    store_url: str = ""
+    flow_file: str = ""
+    flow_class: str = ""
+    with_decorators: list[str] = field(default_factory=list)  # --with specs, re-applied in the task process
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pathspec(self) -> str:
+        return f"{self.flow}/{self.run_id}/{self.step}/{self.task_id}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> TaskSpec:
+        return cls(**json.loads(text))
+
+
+def log_name(flow: str, run_id: str, step: str, task_id: str, attempt: int, stream: str) -> str:
+    """Name of a task attempt's log in the store (`stdout` or `stderr`)."""
+    return f"runs/{flow}/{run_id}/{step}/{task_id}/{attempt}/{stream}.log"

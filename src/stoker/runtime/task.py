@@ -1,0 +1,226 @@
+"""The one task entrypoint: run a step for a TaskSpec and write its manifest to the store.
+
+It runs in its own process (forked locally, a job step on Slurm, a container on Batch), reads its inputs from
+the blob store and never touches the metadata database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+from ..errors import StokerError
+from ..flow.current import ParallelInfo, current
+from ..flow.decorators import get_decorator
+from ..flow.graph import FlowGraph
+from ..flow.spec import FlowSpec, Inputs, _ArtifactView
+from ..store.artifacts import load_artifact, save_artifact
+from ..store.blob import BlobStore, open_store
+from ..store.manifest import read_manifest, write_manifest
+from .spec import TaskSpec, log_name
+
+
+class StepTimeout(StokerError):
+    """The step ran longer than its @timeout."""
+
+
+class CaughtException:
+    """What @catch(var=...) stores: the exception's type, message and traceback as text (picklable)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.type = f"{type(exc).__module__}.{type(exc).__name__}"
+        self.message = str(exc)
+        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+    exception = property(lambda self: f"{self.type}: {self.message}")
+
+    def __repr__(self) -> str:
+        return f"CaughtException({self.type}: {self.message})"
+
+    __str__ = __repr__
+
+
+def _install_run_inputs(flow_cls: type[FlowSpec]) -> None:
+    """Parameters and Configs become read-only properties backed by artifacts."""
+    for name in flow_cls._run_inputs():
+        setattr(flow_cls, name, property(lambda self, n=name: FlowSpec.__getattr__(self, n)))
+
+
+def _frames(spec: TaskSpec, store: BlobStore) -> list[dict]:
+    frames = []
+    cache: dict[str, Any] = {}
+    for f in spec.foreach:
+        frame = {"step": f["step"], "index": f["index"], "num_splits": f["num_splits"]}
+        if f.get("desc") is not None:
+            def value(f=f) -> Any:
+                key = f["step"] + "/" + f["var"]
+                if key not in cache:
+                    cache[key] = load_artifact(store, f["desc"])
+                v = cache[key]
+                indexable = hasattr(v, "__getitem__") and not isinstance(v, dict)
+                return v[f["index"]] if indexable else list(v)[f["index"]]
+            frame["value_fn"] = value
+        frames.append(frame)
+    return frames
+
+
+def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None = None) -> int:
+    """Execute one task attempt; return the process exit code (0 when the manifest says ok)."""
+    store = store or open_store(spec.store_url or None)
+    graph = FlowGraph(flow_cls)
+    node = graph[spec.step]
+    func = getattr(flow_cls, spec.step)
+    started = time.time()
+    loader = lambda desc: load_artifact(store, desc)  # noqa: E731
+    parents = [read_manifest(store, spec.flow, spec.run_id, i["step"], i["task_id"], i["attempt"])
+               for i in spec.inputs]
+    _install_run_inputs(flow_cls)
+    tmp = tempfile.mkdtemp(prefix=f"stoker-{spec.step}-{spec.task_id}-")
+    par = ParallelInfo(**spec.parallel) if spec.parallel else ParallelInfo()
+    current._set(flow_name=spec.flow, run_id=spec.run_id, step_name=spec.step, task_id=spec.task_id,
+                 retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
+                 username=spec.user, tags=tuple(spec.tags), tempdir=tmp, parallel=par,
+                 namespace=f"user:{spec.user}", store_url=store.url, max_attempts=spec.max_attempts)
+    if spec.parallel:
+        os.environ.update(MF_PARALLEL_MAIN_IP=str(par.main_ip), MF_PARALLEL_NUM_NODES=str(par.num_nodes),
+                          MF_PARALLEL_NODE_INDEX=str(par.node_index), MF_PARALLEL_CONTROL_TASK_ID=str(par.control_task_id))
+    env = get_decorator(func, "environment")
+    if env:
+        os.environ.update(env.attributes["vars"])
+    if get_decorator(func, "torchrun"):
+        from .torchrun import TorchrunHelper
+
+        current._set(torch=TorchrunHelper.for_task(func, par))
+
+    if node.is_join:
+        inherited = dict(spec.run_inputs)
+        views = [_ArtifactView(m["artifacts"], loader, step=m["step"]) for m in parents]
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec, store))
+        call = lambda: func(flow, Inputs(views))  # noqa: E731
+    else:
+        inherited = dict(parents[0]["artifacts"]) if parents else {}
+        inherited.update(spec.run_inputs)
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec, store))
+        call = lambda: func(flow)  # noqa: E731
+
+    manifest: dict[str, Any] = {
+        "flow": spec.flow, "run_id": spec.run_id, "step": spec.step, "task_id": spec.task_id,
+        "attempt": spec.attempt, "retry_count": spec.attempt, "started_at": started, "user": spec.user,
+        "hostname": socket.gethostname(), "origin_task": None, "catch_var": None,
+        "input_paths": [f"{spec.flow}/{spec.run_id}/{i['step']}/{i['task_id']}" for i in spec.inputs],
+        "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits")} for f in spec.foreach],
+        "parallel": {"node_index": par.node_index, "num_nodes": par.num_nodes} if spec.parallel else None,
+        "logs": {s: log_name(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt, s)
+                 for s in ("stdout", "stderr")},
+    }
+    code = 0
+    try:
+        with _timeout(func):
+            call()
+        manifest["next"] = _check_transition(flow, node, graph)
+    except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
+        catch = get_decorator(func, "catch")
+        last_attempt = spec.attempt + 1 >= spec.max_attempts
+        traceback.print_exc()
+        if catch and last_attempt and not isinstance(exc, KeyboardInterrupt) and node.kind not in ("foreach",
+                                                                                                    "parallel"):
+            var = catch.attributes["var"]
+            if var:
+                object.__setattr__(flow, var, CaughtException(exc))
+            manifest["catch_var"] = var
+            manifest["next"] = {"steps": list(node.out_funcs)}
+            print(f"@catch: step {spec.step} failed ({type(exc).__name__}: {exc}); the flow continues"
+                  + (f" with the exception in self.{var}" if var else ""), file=sys.stderr)
+        else:
+            manifest["exception"] = {"type": type(exc).__name__, "message": str(exc),
+                                     "traceback": traceback.format_exc()}
+            code = 1
+    artifacts = {k: v for k, v in flow.__dict__["_inherited"].items()}
+    if code == 0:
+        try:
+            for name, value in flow._new_artifacts().items():
+                artifacts[name] = save_artifact(store, value)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {exc}",
+                                     "traceback": traceback.format_exc()}
+            code = 1
+    manifest.update(status="ok" if code == 0 else "failed", finished_at=time.time(), artifacts=artifacts)
+    manifest.setdefault("exception", None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    write_manifest(store, manifest)
+    return code
+
+
+def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph) -> dict[str, Any]:
+    """The step's self.next() must match the graph; returns what the scheduler needs to launch successors."""
+    t = flow.__dict__["_transition"]
+    if node.kind == "end":
+        if t is not None:
+            raise StokerError("the end step must not call self.next()")
+        return {"steps": []}
+    if t is None:
+        raise StokerError(f"step {node.name} did not call self.next() (it must be the last statement)")
+    if t["steps"] != node.out_funcs:
+        raise StokerError(f"step {node.name} called self.next({', '.join(t['steps'])}) but its source says "
+                          f"self.next({', '.join(node.out_funcs)}); self.next must be static")
+    out: dict[str, Any] = {"steps": t["steps"]}
+    if node.kind == "foreach":
+        var = node.foreach_var
+        try:
+            value = getattr(flow, var)
+        except AttributeError:
+            raise StokerError(f"foreach={var!r} in step {node.name}: self.{var} was never assigned; assign "
+                              f"a list before self.next()") from None
+        try:
+            n = len(value)
+        except TypeError:
+            raise StokerError(f"foreach={var!r} in step {node.name}: self.{var} is a {type(value).__name__}, "
+                              f"which has no len(); use a list or tuple") from None
+        if n == 0:
+            raise StokerError(f"foreach={var!r} in step {node.name}: self.{var} is empty; a foreach needs at "
+                              f"least one item")
+        out.update(foreach_var=var, num_splits=n)
+    if node.kind == "parallel":
+        n = t["num_parallel"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise StokerError(f"num_parallel={n!r} in step {node.name} must be a positive int")
+        out.update(num_parallel=n)
+    return out
+
+
+class _timeout:
+    """@timeout inside the task: SIGALRM raises StepTimeout so @retry and @catch can handle it."""
+
+    def __init__(self, func: Any) -> None:
+        d = get_decorator(func, "timeout")
+        self.seconds = d.total_seconds if d else 0
+
+    def __enter__(self) -> None:
+        if self.seconds > 0:
+            def fire(signum: int, frame: Any) -> None:
+                raise StepTimeout(f"step timed out after {self.seconds:g} s (@timeout); raise the limit or "
+                                  f"make the step faster")
+            signal.signal(signal.SIGALRM, fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.seconds > 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str] | None = None) -> int:
+    """`python flow.py _task SPEC.json`: the subprocess form of the entrypoint (Slurm, Batch, spawn)."""
+    from ..flow.decorators import apply_with
+
+    with open(spec_path) as f:
+        spec = TaskSpec.from_json(f.read())
+    apply_with(flow_cls, spec.with_decorators)
+    return run_task(flow_cls, spec)

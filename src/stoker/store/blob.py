@@ -1,0 +1,390 @@
+"""The blob store: content-addressed immutable blobs plus named, atomically replaced objects.
+
+Layout of a store root (a local folder, or ``s3://bucket/prefix``)::
+
+    blobs/<key[:2]>/<key>     immutable blobs, key = sha256 of the content (deduplicated)
+    <name>                    named objects, e.g. runs/<flow>/<run>/<step>/<task>/<attempt>/manifest.json
+    .tmp/                     staging area of a local store (same file system, so rename is atomic)
+
+Every write is atomic: readers see the old content or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import queue
+import re
+import threading
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from stoker.errors import StoreError
+from stoker.store.paths import default_store_url
+
+log = logging.getLogger(__name__)
+
+CHUNK = 8 << 20  # bytes per read/write when streaming files
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_RESERVED = ("blobs", ".tmp")
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a sha256 hex digest, else raise StoreError."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise StoreError(f"{key!r} is not a blob key (expected 64 lowercase hex digits of a sha256)")
+    return key
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a valid relative object name (``a/b/c.json``), else raise StoreError."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
+        raise StoreError(f"object name {name!r} must be a non-empty relative path like 'runs/Flow/1/x.json'")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts) or parts[0] in _RESERVED:
+        raise StoreError(
+            f"object name {name!r} is invalid: no empty, '.' or '..' parts, and it must not start with "
+            f"{' or '.join(repr(r + '/') for r in _RESERVED)} (reserved for blobs)"
+        )
+    return name
+
+
+def file_chunks(path: str | os.PathLike, chunk: int = CHUNK) -> Iterator[bytes]:
+    """Yield the content of a file in chunks of ``chunk`` bytes."""
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk)
+            if not data:
+                return
+            yield data
+
+
+def hash_file(path: str | os.PathLike) -> str:
+    """The sha256 hex digest of a file, read in chunks."""
+    h = hashlib.sha256()
+    for data in file_chunks(path):
+        h.update(data)
+    return h.hexdigest()
+
+
+class BlobStore(ABC):
+    """A content-addressed blob store with named mutable objects (local folder or S3)."""
+
+    url: str
+
+    # --- immutable, content-addressed blobs -------------------------------------------------------
+    @abstractmethod
+    def put_bytes(self, data: bytes | memoryview) -> str:
+        """Store ``data``; return its sha256 hex key. An existing blob is not rewritten."""
+
+    @abstractmethod
+    def put_file(self, path: str | os.PathLike, move: bool = False) -> str:
+        """Store a file's content; with ``move=True`` the file is moved in (or deleted if deduplicated)."""
+
+    @abstractmethod
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+        """Store the concatenation of ``chunks`` without building it in memory; return its key."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """The content of blob ``key`` (StoreError if missing)."""
+
+    @abstractmethod
+    def blob_path(self, key: str) -> Path:
+        """A local file holding blob ``key``: the blob itself for a local store (mmap-able), a cached
+        download for a remote one. Never write to it."""
+
+    @abstractmethod
+    def has_blob(self, key: str) -> bool:
+        """Whether blob ``key`` is in the store."""
+
+    def verify_blob(self, key: str) -> bool:
+        """Re-hash blob ``key`` and say whether its content still matches its key."""
+        return hash_file(self.blob_path(key)) == key
+
+    # --- named, mutable objects ---------------------------------------------------------------------
+    @abstractmethod
+    def write(self, name: str, data: bytes) -> None:
+        """Atomically create or replace the object ``name``."""
+
+    @abstractmethod
+    def read(self, name: str) -> bytes:
+        """The content of object ``name`` (StoreError naming it if missing)."""
+
+    @abstractmethod
+    def exists(self, name: str) -> bool:
+        """Whether object ``name`` exists."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted names of the objects whose name starts with ``prefix`` (blobs are not listed)."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Delete object ``name``; deleting a missing object is not an error."""
+
+    @abstractmethod
+    def local_path(self, name: str) -> Path | None:
+        """The local file of object ``name`` (it may not exist yet), or None for a remote store."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class LocalBlobStore(BlobStore):
+    """A blob store in a local folder (the default: ``$STOKER_HOME/store``).
+
+    Blobs are written to ``.tmp/`` and renamed into place, made read-only, and are not fsynced unless
+    ``fsync_blobs=True`` (their key lets ``verify_blob`` detect a torn blob after a crash); named objects
+    (manifests, pointers) are always fsynced before the rename.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, fsync_blobs: bool = False) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = str(self.root)
+        self.fsync_blobs = fsync_blobs
+        self._blobs = self.root / "blobs"
+        self._tmp = self.root / ".tmp"
+        try:
+            self._blobs.mkdir(parents=True, exist_ok=True)
+            self._tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the blob store at {self.root}: {e}; set STOKER_HOME or "
+                             f"STOKER_STORE to a writable folder") from e
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _blob_file(self, key: str) -> Path:
+        check_key(key)
+        return self._blobs / key[:2] / key
+
+    def _tempfile(self) -> tuple[int, str]:
+        return tempfile.mkstemp(dir=self._tmp, prefix="put-")
+
+    def _commit_blob(self, tmp: str, key: str) -> None:
+        """Rename a fully written temp file to blob ``key`` (or drop it if the blob already exists)."""
+        dest = self._blob_file(key)
+        if dest.exists():
+            os.unlink(tmp)
+            return
+        os.chmod(tmp, 0o444)  # blobs are immutable; numpy may map them
+        dest.parent.mkdir(exist_ok=True)
+        os.replace(tmp, dest)
+
+    # --- blobs -------------------------------------------------------------------------------------
+    def put_bytes(self, data: bytes | memoryview) -> str:
+        key = hashlib.sha256(data).hexdigest()
+        if not self._blob_file(key).exists():
+            self._write_tmp_and_commit([data], key)
+        return key
+
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+        return self._write_tmp_and_commit(chunks, None)
+
+    def _write_tmp_and_commit(self, chunks: Iterable[bytes | memoryview], key: str | None) -> str:
+        fd, tmp = self._tempfile()
+        h = _PipelinedHash() if key is None else None
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                for chunk in chunks:
+                    if h is not None:
+                        h.update(chunk)
+                    view = memoryview(chunk).cast("B")
+                    while view.nbytes:  # raw writes may be partial
+                        n = f.write(view)
+                        view = view[n:]
+                if self.fsync_blobs:
+                    os.fsync(f.fileno())
+            key = key if h is None else h.hexdigest()
+            self._commit_blob(tmp, key)
+        except BaseException:
+            if h is not None:
+                h.close()
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return key
+
+    def put_file(self, path: str | os.PathLike, move: bool = False) -> str:
+        path = Path(path)
+        if not path.is_file():
+            raise StoreError(f"cannot store {path}: not a file")
+        if not move:
+            return self.put_stream(file_chunks(path))
+        key = hash_file(path)
+        dest = self._blob_file(key)
+        if dest.exists():
+            path.unlink()
+            return key
+        try:
+            os.chmod(path, 0o444)
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(path, dest)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            self.put_stream(file_chunks(path))  # another file system: copy, then remove the source
+            path.unlink()
+        return key
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.blob_path(key).read_bytes()
+
+    def blob_path(self, key: str) -> Path:
+        path = self._blob_file(key)
+        if not path.exists():
+            raise StoreError(f"blob {key} is missing from the store {self.url} (was it garbage-collected, "
+                             f"or is STOKER_STORE pointing at another store?)")
+        return path
+
+    def has_blob(self, key: str) -> bool:
+        return self._blob_file(key).exists()
+
+    # --- named objects -----------------------------------------------------------------------------
+    def _object_file(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def write(self, name: str, data: bytes) -> None:
+        dest = self._object_file(name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = self._tempfile()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(dest.parent)
+
+    def read(self, name: str) -> bytes:
+        path = self._object_file(name)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"object {name!r} does not exist in the store {self.url}") from None
+
+    def exists(self, name: str) -> bool:
+        return self._object_file(name).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        if prefix:
+            check_name(prefix.rstrip("/") or "x")
+        base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root / base_rel if base_rel else self.root
+        out: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            rel = "" if rel == "." else rel + "/"
+            # descend only into folders that can hold matching names
+            dirnames[:] = sorted(
+                d for d in dirnames
+                if not (rel == "" and d in _RESERVED)
+                and ((rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/"))
+            )
+            out.extend(rel + f for f in filenames if (rel + f).startswith(prefix))
+        return sorted(out)
+
+    def delete(self, name: str) -> None:
+        try:
+            self._object_file(name).unlink()
+        except FileNotFoundError:
+            pass
+
+    def local_path(self, name: str) -> Path | None:
+        return self._object_file(name)
+
+
+class _PipelinedHash:
+    """sha256 computed on a helper thread while the caller writes the same chunks (both release the
+    GIL), so hashing a large array overlaps with copying it into the page cache. Small streams (one
+    chunk) are hashed inline."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._first: bytes | memoryview | None = None
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        if self._first is None and self._queue is None:
+            self._first = chunk  # wait: a single chunk is hashed inline
+            return
+        if self._queue is None:
+            self._queue = queue.Queue(maxsize=4)
+            self._thread = threading.Thread(target=self._run, name="stoker-hash", daemon=True)
+            self._thread.start()
+            self._queue.put(self._first)
+            self._first = None
+        self._queue.put(chunk)
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while (chunk := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._h.update(chunk)
+                except BaseException as e:  # reported by hexdigest; keep draining so put() never blocks
+                    self._error = e
+
+    def close(self) -> None:
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._queue = None
+
+    def hexdigest(self) -> str:
+        if self._first is not None:
+            self._h.update(self._first)
+            self._first = None
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return self._h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_store(url: str | os.PathLike | None = None, **kwargs) -> BlobStore:
+    """Open the blob store at ``url``: a folder, ``file://folder`` or ``s3://bucket/prefix``.
+
+    ``None`` means :func:`stoker.store.paths.default_store_url` (``$STOKER_STORE`` or
+    ``$STOKER_HOME/store``). Keyword arguments go to the store's constructor (e.g. ``client=`` for S3).
+    """
+    url = default_store_url() if url is None else os.fspath(url)
+    if url.startswith("s3://"):
+        from stoker.store.s3 import S3BlobStore
+
+        return S3BlobStore.from_url(url, **kwargs)
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    if "://" in url:
+        raise StoreError(f"unsupported store URL {url!r}: use a folder path or s3://bucket/prefix")
+    return LocalBlobStore(url, **kwargs)
+
+
+def copy_blob(src: BlobStore, dst: BlobStore, key: str) -> None:
+    """Copy blob ``key`` from one store to another (no-op if ``dst`` has it)."""
+    if not dst.has_blob(key):
+        got = dst.put_stream(file_chunks(src.blob_path(key)))
+        if got != key:
+            raise StoreError(f"blob {key} in {src.url} is corrupted (its content hashes to {got})")

@@ -1,0 +1,555 @@
+"""The client API, following Metaflow's: ``Metaflow``, ``Flow``, ``Run``, ``Step``, ``Task``, ``DataArtifact``.
+
+    from stoker import Flow, namespace
+    run = Flow("HelloFlow").latest_successful_run
+    run["train"].task.data.loss          # an artifact, loaded lazily from the blob store
+    for task in run["train"]: print(task.index, task.stdout)
+
+Objects read the metadata index and the blob store at their default locations (``$STOKER_HOME``)
+unless given ``db=`` and ``store=``; children share their parent's. Only runs in the current namespace
+(``user:$USER`` by default, see :mod:`stoker.store.namespaces`) are listed or opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from stoker.store.artifacts import load_artifact
+from stoker.store.blob import BlobStore
+from stoker.store.manifest import log_name
+from stoker.store.metadata import MetadataDB
+from stoker.store.namespaces import NotFound, check_namespace, default_db, default_store, get_namespace
+from stoker.store.records import ArtifactRecord, RunRecord, TaskRecord
+
+_MISSING = object()
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts)
+
+
+def _split(pathspec: str, n: int, what: str) -> list[str]:
+    parts = str(pathspec).strip("/").split("/")
+    if len(parts) != n or not all(parts):
+        example = "/".join(["Flow", "run_id", "step", "task_id", "name"][:n])
+        raise NotFound(f"{what} pathspec {pathspec!r} must look like {example!r}")
+    return parts
+
+
+class _Object:
+    """Common parts: pathspec, id, the db/store pair shared with children, equality by pathspec."""
+
+    _kind = "object"
+
+    def __init__(self, pathspec: str, db: MetadataDB | None, store: BlobStore | None) -> None:
+        self.pathspec = pathspec
+        self.id = pathspec.rsplit("/", 1)[-1]
+        self._db = db if db is not None else default_db()
+        self._store_obj = store
+
+    @property
+    def _store(self) -> BlobStore:
+        if self._store_obj is None:
+            self._store_obj = default_store()
+        return self._store_obj
+
+    @property
+    def path_components(self) -> list[str]:
+        """The pathspec split on '/'."""
+        return self.pathspec.split("/")
+
+    def _kw(self) -> dict[str, Any]:
+        return {"db": self._db, "store": self._store_obj, "_namespace_check": False}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}('{self.pathspec}')"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.pathspec == self.pathspec  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.pathspec))
+
+
+class Metaflow:
+    """Entry point listing every flow in the metadata index."""
+
+    def __init__(self, *, db: MetadataDB | None = None, store: BlobStore | None = None) -> None:
+        self._db = db if db is not None else default_db()
+        self._store = store
+
+    @property
+    def flows(self) -> list[Flow]:
+        """Every recorded flow, by name."""
+        return [Flow(name, db=self._db, store=self._store) for name in self._db.list_flows()]
+
+    def __iter__(self) -> Iterator[Flow]:
+        return iter(self.flows)
+
+    def __getitem__(self, name: str) -> Flow:
+        return Flow(name, db=self._db, store=self._store)
+
+    def __repr__(self) -> str:
+        return f"Metaflow({self._db.path})"
+
+
+class Flow(_Object):
+    """A flow: its runs in the current namespace, newest first."""
+
+    def __init__(self, name: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
+                 _namespace_check: bool = True) -> None:
+        super().__init__(_split(name, 1, "flow")[0], db, store)
+        if not self._db.has_flow(self.id):
+            raise NotFound(f"flow {self.id!r} has no runs recorded in {self._db.path} (check the name, and "
+                           f"STOKER_HOME if the runs were made elsewhere)")
+
+    def runs(self, *tags: str) -> Iterator[Run]:
+        """Runs carrying all ``tags`` (and the namespace's tag), newest first."""
+        ns = get_namespace()
+        records = self._db.list_runs(self.id, tags=[*tags, *([ns] if ns else [])])
+        return iter([Run(r.pathspec, _record=r, **self._kw()) for r in records])
+
+    def __iter__(self) -> Iterator[Run]:
+        return self.runs()
+
+    def __getitem__(self, run_id: str) -> Run:
+        return Run(f"{self.id}/{run_id}", db=self._db, store=self._store_obj)
+
+    def __contains__(self, run_id: str) -> bool:
+        try:
+            self[run_id]
+        except NotFound:
+            return False
+        return True
+
+    @property
+    def latest_run(self) -> Run | None:
+        """The newest run in the namespace, or None."""
+        return next(self.runs(), None)
+
+    @property
+    def latest_successful_run(self) -> Run | None:
+        """The newest successful run in the namespace, or None."""
+        return next((r for r in self.runs() if r.successful), None)
+
+
+class Run(_Object):
+    """A run of a flow: ``Run("Flow/run_id")``."""
+
+    def __init__(self, pathspec: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
+                 _namespace_check: bool = True, _record: RunRecord | None = None) -> None:
+        flow, run_id = _split(pathspec, 2, "run")
+        super().__init__(f"{flow}/{run_id}", db, store)
+        rec = _record or self._db.get_run(flow, run_id)
+        if rec is None:
+            raise NotFound(f"run {self.pathspec} does not exist in {self._db.path}")
+        if _namespace_check:
+            check_namespace(self.pathspec, rec.tags)
+        self._rec = rec
+        self.flow_name = flow
+
+    @property
+    def parent(self) -> Flow:
+        return Flow(self.flow_name, **self._kw())
+
+    @property
+    def status(self) -> str:
+        """running, succeeded, failed or killed (re-read from the index)."""
+        rec = self._db.get_run(self.flow_name, self.id)
+        if rec is not None:
+            self._rec = rec
+        return self._rec.status
+
+    @property
+    def successful(self) -> bool:
+        return self.status == "succeeded"
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"
+
+    @property
+    def created_at(self) -> datetime:
+        return _dt(self._rec.created_at)  # type: ignore[return-value]
+
+    @property
+    def finished_at(self) -> datetime | None:
+        self.status  # noqa: B018 - refresh
+        return _dt(self._rec.finished_at)
+
+    @property
+    def user(self) -> str | None:
+        return self._rec.user
+
+    @property
+    def tags(self) -> frozenset[str]:
+        return frozenset(self._refresh_tags().tags)
+
+    @property
+    def user_tags(self) -> frozenset[str]:
+        return frozenset(self._refresh_tags().user_tags)
+
+    @property
+    def system_tags(self) -> frozenset[str]:
+        return frozenset(self._refresh_tags().system_tags)
+
+    def _refresh_tags(self) -> RunRecord:
+        self.status  # noqa: B018
+        return self._rec
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The run's parameter values as recorded at its start."""
+        return dict(self._rec.params)
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The run's resolved configuration (None if it had none)."""
+        return self._rec.config
+
+    @property
+    def origin_run_id(self) -> str | None:
+        """The run this one resumed, if any."""
+        return self._rec.origin_run_id
+
+    def add_tag(self, tag: str) -> None:
+        self.add_tags([tag])
+
+    def add_tags(self, tags: list[str] | tuple[str, ...]) -> None:
+        self._db.add_tags(self.flow_name, self.id, tags)
+
+    def remove_tag(self, tag: str) -> None:
+        self.remove_tags([tag])
+
+    def remove_tags(self, tags: list[str] | tuple[str, ...]) -> None:
+        self._db.remove_tags(self.flow_name, self.id, tags)
+
+    def steps(self) -> Iterator[Step]:
+        """The run's steps, most recently started first (as Metaflow)."""
+        recs = self._db.list_steps(self.flow_name, self.id)
+        return iter([Step(s.pathspec, **self._kw()) for s in reversed(recs)])
+
+    def __iter__(self) -> Iterator[Step]:
+        return self.steps()
+
+    def __getitem__(self, step: str) -> Step:
+        return Step(f"{self.pathspec}/{step}", **self._kw())
+
+    def __contains__(self, step: str) -> bool:
+        return self._db.get_step(self.flow_name, self.id, step) is not None
+
+    @property
+    def end_task(self) -> Task | None:
+        """The task of the ``end`` step, or None if the run did not get there."""
+        return self["end"].task if "end" in self else None
+
+    @property
+    def data(self) -> TaskData | None:
+        """The artifacts of the ``end`` task (None if the run has no end task)."""
+        end = self.end_task
+        return None if end is None else end.data
+
+
+class Step(_Object):
+    """A step of a run: ``Step("Flow/run_id/step")``; iterating gives its tasks."""
+
+    def __init__(self, pathspec: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
+                 _namespace_check: bool = True) -> None:
+        flow, run_id, step = _split(pathspec, 3, "step")
+        super().__init__(f"{flow}/{run_id}/{step}", db, store)
+        self.flow_name, self.run_id = flow, run_id
+        if _namespace_check:
+            Run(f"{flow}/{run_id}", db=self._db, store=store)
+        rec = self._db.get_step(flow, run_id, step)
+        if rec is None:
+            raise NotFound(f"step {self.pathspec} does not exist (run {flow}/{run_id} has "
+                           f"{[s.step for s in self._db.list_steps(flow, run_id)]})")
+        self._rec = rec
+
+    @property
+    def parent(self) -> Run:
+        return Run(f"{self.flow_name}/{self.run_id}", **self._kw())
+
+    @property
+    def created_at(self) -> datetime:
+        return _dt(self._rec.created_at)  # type: ignore[return-value]
+
+    @property
+    def finished_at(self) -> datetime | None:
+        rec = self._db.get_step(self.flow_name, self.run_id, self.id)
+        return _dt(rec.finished_at if rec else None)
+
+    def tasks(self) -> Iterator[Task]:
+        """The step's tasks, in foreach-index then task-id order."""
+        recs = self._db.list_tasks(self.flow_name, self.run_id, self.id)
+        return iter([Task(t.pathspec, _record=t, **self._kw()) for t in recs])
+
+    def __iter__(self) -> Iterator[Task]:
+        return self.tasks()
+
+    @property
+    def task(self) -> Task | None:
+        """The step's first task (the only one unless the step is in a foreach or a gang)."""
+        return next(self.tasks(), None)
+
+    def __getitem__(self, task_id: str) -> Task:
+        return Task(f"{self.pathspec}/{task_id}", **self._kw())
+
+
+class Task(_Object):
+    """A task: ``Task("Flow/run_id/step/task_id", attempt=None)``; its latest attempt by default."""
+
+    def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
+                 store: BlobStore | None = None, _namespace_check: bool = True,
+                 _record: TaskRecord | None = None) -> None:
+        flow, run_id, step, task_id = _split(pathspec, 4, "task")
+        super().__init__(f"{flow}/{run_id}/{step}/{task_id}", db, store)
+        self.flow_name, self.run_id, self.step_name = flow, run_id, step
+        if _namespace_check:
+            Run(f"{flow}/{run_id}", db=self._db, store=store)
+        rec = _record or self._db.get_task(flow, run_id, step, task_id)
+        if rec is None:
+            raise NotFound(f"task {self.pathspec} does not exist")
+        self._rec = rec
+        self._attempt_no = rec.attempt if attempt is None else int(attempt)
+        self._attempt = self._db.get_attempt(flow, run_id, step, task_id, self._attempt_no)
+        if self._attempt is None:
+            raise NotFound(f"task {self.pathspec} has no attempt {attempt}")
+        self._data: TaskData | None = None
+
+    @property
+    def parent(self) -> Step:
+        return Step(f"{self.flow_name}/{self.run_id}/{self.step_name}", **self._kw())
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        """The attempt's manifest (None while the attempt runs)."""
+        return self._attempt.manifest  # type: ignore[union-attr]
+
+    def _m(self, key: str, default: Any = None) -> Any:
+        m = self.manifest
+        return default if m is None else m.get(key, default)
+
+    @property
+    def current_attempt(self) -> int:
+        return self._attempt_no
+
+    @property
+    def retry_count(self) -> int:
+        """Which attempt this is (0 for the first)."""
+        return int(self._m("retry_count", self._attempt_no))
+
+    @property
+    def successful(self) -> bool:
+        return self._attempt.status == "ok"  # type: ignore[union-attr]
+
+    @property
+    def finished(self) -> bool:
+        return self._attempt.status != "running"  # type: ignore[union-attr]
+
+    @property
+    def created_at(self) -> datetime | None:
+        return _dt(self._attempt.started_at)  # type: ignore[union-attr]
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return _dt(self._attempt.finished_at)  # type: ignore[union-attr]
+
+    @property
+    def index(self) -> int | None:
+        """The index of this task in its innermost foreach, or None outside a foreach."""
+        stack = self.foreach_stack
+        return int(stack[-1]["index"]) if stack else (self._rec.foreach_index or [None])[-1]
+
+    @property
+    def foreach_stack(self) -> list[dict[str, Any]]:
+        return list(self._m("foreach_stack", []) or [])
+
+    @property
+    def parallel(self) -> dict[str, Any] | None:
+        """``{"node_index", "num_nodes"}`` for a task of a gang, else None."""
+        return self._m("parallel")
+
+    @property
+    def input_paths(self) -> list[str]:
+        return list(self._m("input_paths", []) or [])
+
+    @property
+    def origin_pathspec(self) -> str | None:
+        """The task this one was cloned from by ``resume``, if any."""
+        return self._m("origin_task")
+
+    @property
+    def exception(self) -> TaskException | None:
+        """What the attempt raised (None if it succeeded)."""
+        exc = self._m("exception")
+        return None if not exc else TaskException(exc.get("type", ""), exc.get("message", ""),
+                                                  exc.get("traceback", ""))
+
+    def _log(self, stream: str) -> str:
+        logs = self._m("logs", {}) or {}
+        name = logs.get(stream) or log_name(self.flow_name, self.run_id, self.step_name, self.id,
+                                            self._attempt_no, stream)
+        if not self._store.exists(name):
+            return ""
+        return self._store.read(name).decode("utf-8", errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return self._log("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self._log("stderr")
+
+    @property
+    def attempts(self) -> list[Task]:
+        """Every attempt of the task, oldest first, as Task objects."""
+        return [Task(self.pathspec, attempt=a.attempt, _record=self._rec, **self._kw())
+                for a in self._db.list_attempts(self.flow_name, self.run_id, self.step_name, self.id)]
+
+    @property
+    def metadata_dict(self) -> dict[str, str]:
+        """Metadata of the attempt as strings (attempt, user, hostname, times, origin...)."""
+        a = self._attempt
+        assert a is not None
+        out = {"attempt": str(a.attempt), "status": a.status, "user": a.user or "",
+               "hostname": a.hostname or "", "started_at": str(a.started_at or ""),
+               "finished_at": str(a.finished_at or ""), "retry_count": str(self.retry_count)}
+        for key in ("origin_task", "catch_var"):
+            if self._m(key):
+                out[key] = str(self._m(key))
+        if self.parallel:
+            out.update({f"parallel_{k}": str(v) for k, v in self.parallel.items()})
+        return out
+
+    def _records(self) -> list[ArtifactRecord]:
+        return self._db.list_artifacts(self.flow_name, self.run_id, self.step_name, self.id, self._attempt_no)
+
+    @property
+    def data(self) -> TaskData:
+        """Artifacts as attributes: ``task.data.loss`` (loaded on first access)."""
+        if self._data is None:
+            self._data = TaskData({r.name: DataArtifact._from(self, r) for r in self._records()}, self.pathspec)
+        return self._data
+
+    @property
+    def artifacts(self) -> TaskData:
+        """The DataArtifact objects as attributes (``task.artifacts.loss.sha``) and by iteration."""
+        return TaskData(self.data._artifacts, self.pathspec, values=False)
+
+    def __getitem__(self, name: str) -> DataArtifact:
+        try:
+            return self.data._artifacts[name]
+        except KeyError:
+            raise NotFound(f"task {self.pathspec} has no artifact {name!r} (it has "
+                           f"{sorted(self.data._artifacts)})") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.data._artifacts
+
+    def __iter__(self) -> Iterator[DataArtifact]:
+        return iter(list(self.data._artifacts.values()))
+
+
+class TaskException:
+    """The exception an attempt raised: ``type``, ``message`` and ``traceback`` (text)."""
+
+    def __init__(self, type: str, message: str, traceback: str) -> None:
+        self.type, self.message, self.traceback = type, message, traceback
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"TaskException({self.type!r}, {self.message!r})"
+
+
+class TaskData:
+    """A task's artifacts as attributes; ``name in data`` tests for one."""
+
+    def __init__(self, artifacts: dict[str, DataArtifact], pathspec: str, values: bool = True) -> None:
+        self._artifacts = artifacts
+        self._pathspec = pathspec
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_artifacts", "_pathspec", "_values"):
+            raise AttributeError(name)
+        art = self._artifacts.get(name)
+        if art is None:
+            raise AttributeError(f"task {self._pathspec} has no artifact {name!r}; it has "
+                                 f"{sorted(self._artifacts)}")
+        return art.data if self._values else art
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._artifacts
+
+    def __iter__(self) -> Iterator[DataArtifact]:
+        return iter(list(self._artifacts.values()))
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._artifacts)
+
+    def __repr__(self) -> str:
+        return f"<data of {self._pathspec}: {', '.join(sorted(self._artifacts))}>"
+
+
+class DataArtifact(_Object):
+    """One artifact of a task: ``.data`` (loaded on first access, then cached), ``.sha``, ``.size``."""
+
+    def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
+                 store: BlobStore | None = None, _namespace_check: bool = True) -> None:
+        flow, run_id, step, task_id, name = _split(pathspec, 5, "artifact")
+        task = Task(f"{flow}/{run_id}/{step}/{task_id}", attempt=attempt, db=db, store=store,
+                    _namespace_check=_namespace_check)
+        rec = next((r for r in task._records() if r.name == name), None)
+        if rec is None:
+            raise NotFound(f"task {task.pathspec} has no artifact {name!r}")
+        self._init(task, rec)
+
+    @classmethod
+    def _from(cls, task: Task, rec: ArtifactRecord) -> DataArtifact:
+        self = cls.__new__(cls)
+        self._init(task, rec)
+        return self
+
+    def _init(self, task: Task, rec: ArtifactRecord) -> None:
+        _Object.__init__(self, f"{task.pathspec}/{rec.name}", task._db, task._store_obj)
+        self._task = task
+        self._rec = rec
+        self._value: Any = _MISSING
+
+    @property
+    def data(self) -> Any:
+        """The artifact's value, loaded from the blob store on first access."""
+        if self._value is _MISSING:
+            self._value = load_artifact(self._task._store, self._rec.descriptor)
+        return self._value
+
+    @property
+    def sha(self) -> str | None:
+        return self._rec.sha
+
+    @property
+    def size(self) -> int | None:
+        """Bytes of the serialized value (before compression)."""
+        return self._rec.size
+
+    @property
+    def type(self) -> str | None:
+        return self._rec.type
+
+    @property
+    def descriptor(self) -> dict[str, Any]:
+        return dict(self._rec.descriptor)
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return self._task.finished_at
+
+    @property
+    def parent(self) -> Task:
+        return self._task

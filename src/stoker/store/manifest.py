@@ -1,0 +1,104 @@
+"""Task-attempt manifests: the record a task writes to the blob store when an attempt ends.
+
+A manifest is the truth about an attempt (the metadata database is only an index built from them).
+It is written atomically as JSON at :func:`manifest_name`; its fields::
+
+    flow, run_id, step, task_id, attempt (int), status ("ok" | "failed"), started_at, finished_at,
+    artifacts {name: descriptor}, exception {type, message, traceback} | None,
+    logs {"stdout": object name, "stderr": object name}, input_paths [parent task pathspecs],
+    foreach_stack [{step, var, index, num_splits, value_repr}], parallel {node_index, num_nodes} | None,
+    user, hostname, origin_task (pathspec | None, set when cloned by resume), retry_count, catch_var
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stoker.errors import StoreError
+from stoker.store.blob import BlobStore
+
+STATUSES = ("ok", "failed")
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "flow": str, "run_id": str, "step": str, "task_id": str, "attempt": int, "status": str,
+    "started_at": (int, float), "finished_at": (int, float), "artifacts": dict,
+}
+_DEFAULTS: dict[str, Any] = {
+    "exception": None, "logs": {}, "input_paths": [], "foreach_stack": [], "parallel": None,
+    "user": None, "hostname": None, "origin_task": None, "retry_count": None, "catch_var": None,
+}
+
+
+def run_prefix(flow: str, run_id: str) -> str:
+    """The object-name prefix of everything a run writes: ``runs/{flow}/{run_id}/``."""
+    return f"runs/{flow}/{run_id}/"
+
+
+def attempt_prefix(flow: str, run_id: str, step: str, task_id: str, attempt: int) -> str:
+    """``runs/{flow}/{run_id}/{step}/{task_id}/{attempt}/`` (logs and the manifest live here)."""
+    return f"runs/{flow}/{run_id}/{step}/{task_id}/{int(attempt)}/"
+
+
+def manifest_name(flow: str, run_id: str, step: str, task_id: str, attempt: int) -> str:
+    """The object name of an attempt's manifest."""
+    return attempt_prefix(flow, run_id, step, task_id, attempt) + "manifest.json"
+
+
+def log_name(flow: str, run_id: str, step: str, task_id: str, attempt: int, stream: str) -> str:
+    """The conventional object name of an attempt's log (``stream`` is "stdout" or "stderr"); the
+    manifest's ``logs`` field names the actual objects."""
+    return attempt_prefix(flow, run_id, step, task_id, attempt) + f"{stream}.log"
+
+
+def pathspec(flow: str, run_id: str, step: str | None = None, task_id: str | None = None) -> str:
+    """``Flow/run_id[/step[/task_id]]``."""
+    return "/".join(str(p) for p in (flow, run_id, step, task_id) if p is not None)
+
+
+def validate_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Check a manifest's required fields and fill the optional ones; return a normalized copy."""
+    if not isinstance(manifest, dict):
+        raise StoreError(f"a manifest must be a dict, got {type(manifest).__name__}")
+    where = "/".join(str(manifest.get(k, "?")) for k in ("flow", "run_id", "step", "task_id", "attempt"))
+    for key, typ in _REQUIRED.items():
+        if key not in manifest:
+            raise StoreError(f"manifest {where} lacks the field {key!r}")
+        if not isinstance(manifest[key], typ) or isinstance(manifest[key], bool):
+            raise StoreError(f"manifest {where}: field {key!r} must be {typ}, got {manifest[key]!r}")
+    if manifest["status"] not in STATUSES:
+        raise StoreError(f"manifest {where}: status must be one of {STATUSES}, got {manifest['status']!r}")
+    out = {**_DEFAULTS, **manifest}
+    if out["retry_count"] is None:
+        out["retry_count"] = out["attempt"]
+    for key in ("flow", "run_id", "step", "task_id"):
+        if "/" in out[key] or not out[key]:
+            raise StoreError(f"manifest {where}: {key} {out[key]!r} must be non-empty and contain no '/'")
+    return out
+
+
+def write_manifest(store: BlobStore, manifest: dict[str, Any]) -> str:
+    """Validate and atomically write an attempt's manifest; return its object name."""
+    m = validate_manifest(manifest)
+    name = manifest_name(m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
+    try:
+        data = json.dumps(m, indent=1, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"manifest {name} is not JSON-serializable: {e}") from e
+    store.write(name, data)
+    return name
+
+
+def read_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: str,
+                  attempt: int) -> dict[str, Any]:
+    """Read an attempt's manifest (StoreError if it was never written)."""
+    name = manifest_name(flow, run_id, step, task_id, attempt)
+    try:
+        return json.loads(store.read(name))
+    except json.JSONDecodeError as e:
+        raise StoreError(f"manifest {name} in {store.url} is not valid JSON: {e}") from e
+
+
+def list_manifests(store: BlobStore, flow: str, run_id: str) -> list[str]:
+    """Object names of every attempt manifest of a run (to rebuild the index from the store)."""
+    return [n for n in store.list(run_prefix(flow, run_id)) if n.endswith("/manifest.json")]

