@@ -248,7 +248,9 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     writers = {name: SplitWriter(staging, name, dtype=dtype, block_size=cfg.block_size, shard_blocks=shard_blocks,
                                  remainder=cfg.remainder, pad_id=pad_id) for name in ("train", "val")}
     bos = np.array([tok.bos_id] if cfg.add_bos and tok.bos_id is not None else [], dtype=np.int64)
-    eos = np.array([tok.eos_id] if cfg.add_eos else [], dtype=np.int64)
+    # GPT-2 style tokenizers have one <|endoftext|> for both: write it once per document, before it
+    same = cfg.add_bos and tok.bos_id is not None and tok.bos_id == tok.eos_id
+    eos = np.array([tok.eos_id] if cfg.add_eos and not same else [], dtype=np.int64)
     stop = threading.Event()
     read_q: queue.Queue = queue.Queue(maxsize=2)
     write_q: queue.Queue = queue.Queue(maxsize=2)

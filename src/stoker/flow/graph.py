@@ -49,6 +49,26 @@ class StepNode:
         return f"{self.file}:{lineno or self.lineno}"
 
 
+def _class_location(flow_cls: type) -> tuple[str, int]:
+    """File and line of the class statement (works for flows run as __main__ and for loaded files)."""
+    file = None
+    try:
+        file = inspect.getsourcefile(flow_cls)
+    except TypeError:
+        pass
+    if not file:
+        funcs = [v for v in vars(flow_cls).values() if callable(v) and hasattr(v, "__code__")]
+        file = funcs[0].__code__.co_filename if funcs else "<unknown>"
+    try:
+        with open(file) as f:
+            for i, line in enumerate(f, 1):
+                if line.lstrip().startswith(f"class {flow_cls.__name__}"):
+                    return file, i
+    except OSError:
+        pass
+    return file, 1
+
+
 def _self_attr(node: ast.AST) -> str | None:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         return node.attr
@@ -68,10 +88,7 @@ class FlowGraph:
         self.assigned: set[str] = set()  # every `self.x = ...` in any step
         self.class_attrs = {k for c in flow_cls.__mro__ for k in vars(c)}
         self.global_problems: list[str] = []
-        try:
-            self.file = inspect.getsourcefile(flow_cls) or "<unknown>"
-        except TypeError:
-            self.file = "<unknown>"
+        self.file, self.lineno = _class_location(flow_cls)
         for attr in dir(flow_cls):
             func = getattr(flow_cls, attr, None)
             if callable(func) and getattr(func, "is_step", False):
@@ -93,7 +110,7 @@ class FlowGraph:
         tree = ast.parse(textwrap.dedent("".join(lines)))
         fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
         off = start - 1
-        node = StepNode(name=name, file=file, lineno=fdef.lineno + off + len(fdef.decorator_list),
+        node = StepNode(name=name, file=file, lineno=fdef.lineno + off,
                         num_args=len(fdef.args.args), decorators=list(func.decorators),
                         doc=ast.get_docstring(fdef) or "")
         for err in func.decorator_errors:

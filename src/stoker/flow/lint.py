@@ -12,7 +12,7 @@ def collect_problems(graph: FlowGraph, parameters: dict[str, Any]) -> list[tuple
     nodes = graph.nodes
 
     def add(node: StepNode | None, msg: str, lineno: int | None = None) -> None:
-        out.append((node.where(lineno) if node else f"{graph.file}:1", msg))
+        out.append((node.where(lineno) if node else f"{graph.file}:{graph.lineno}", msg))
 
     if "start" not in nodes:
         add(None, f"flow {graph.name} has no start step: add `@step def start(self)` as the first step")
@@ -23,7 +23,7 @@ def collect_problems(graph: FlowGraph, parameters: dict[str, Any]) -> list[tuple
             add(node, msg, lineno)
         if node.name in RESERVED:
             add(node, f"step name {node.name!r} is reserved by FlowSpec; rename the step")
-        if node.name in parameters:
+        if node.name in parameters or node.name in {getattr(p, "name", None) for p in parameters.values()}:
             add(node, f"step {node.name} has the same name as a parameter; rename one of them")
         if node.num_args not in (1, 2):
             add(node, f"step {node.name} takes {node.num_args} arguments; a step takes (self), a join (self, inputs)")

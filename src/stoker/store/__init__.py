@@ -1,0 +1,38 @@
+"""The store: content-addressed blob store, artifact serialization, metadata index and client API.
+
+See docs/store.md. Importing this package never imports torch.
+"""
+
+from stoker.store.artifacts import artifact_blobs, load_artifact, save_artifact
+from stoker.store.blob import BlobStore, LocalBlobStore, open_store
+from stoker.store.client import DataArtifact, Flow, Metaflow, Run, Step, Task, TaskData, TaskException
+from stoker.store.manifest import (
+    attempt_prefix,
+    log_name,
+    manifest_name,
+    read_manifest,
+    run_prefix,
+    validate_manifest,
+    write_manifest,
+)
+from stoker.store.metadata import MetadataDB
+from stoker.store.namespaces import (
+    MetaflowNamespaceMismatch,
+    MetaflowNotFound,
+    NamespaceMismatch,
+    NotFound,
+    default_namespace,
+    get_namespace,
+    namespace,
+)
+from stoker.store.paths import current_user, default_db_path, default_store_url, home_dir
+from stoker.store.records import ArtifactRecord, AttemptRecord, RunRecord, StepRecord, TaskRecord
+
+__all__ = [
+    "ArtifactRecord", "AttemptRecord", "BlobStore", "DataArtifact", "Flow", "LocalBlobStore", "Metaflow",
+    "MetaflowNamespaceMismatch", "MetaflowNotFound", "MetadataDB", "NamespaceMismatch", "NotFound", "Run",
+    "RunRecord", "Step", "StepRecord", "Task", "TaskData", "TaskException", "TaskRecord", "artifact_blobs",
+    "attempt_prefix", "current_user", "default_db_path", "default_namespace", "default_store_url",
+    "get_namespace", "home_dir", "load_artifact", "log_name", "manifest_name", "namespace", "open_store",
+    "read_manifest", "run_prefix", "save_artifact", "validate_manifest", "write_manifest",
+]

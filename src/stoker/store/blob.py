@@ -17,8 +17,8 @@ import logging
 import os
 import queue
 import re
-import threading
 import tempfile
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path

@@ -30,7 +30,8 @@ from stoker.train.model import LlamaConfig
 log = logging.getLogger(__name__)
 
 __all__ = ["to_hf_config", "from_hf_config", "to_hf_state_dict", "from_hf_state_dict", "full_state_dict",
-           "export_hf", "load_hf", "load_hf_into", "TOKENIZER_FILES"]
+           "export_hf", "load_hf", "load_hf_into", "load_checkpoint_weights", "export_from_checkpoint",
+           "TOKENIZER_FILES"]
 
 # stoker name pattern -> Hugging Face name pattern ({i} is the layer index)
 _LAYER_MAP = {
@@ -359,3 +360,98 @@ def load_hf_into(model: nn.Module, folder: str | os.PathLike[str]) -> None:
         if mine != theirs:
             raise CheckpointError(f"import: {folder} has shape {theirs}, the model has {mine}")
     model.load_state_dict(sd, strict=True)
+
+
+# ------------------------------------------------------------------------------ from a checkpoint
+
+_MANIFEST, _LATEST, _STEP = "manifest.json", "latest", "step_"
+
+
+def _resolve_checkpoint(fs: Any, path: str, url: str) -> str:
+    """The folder of one committed checkpoint: ``path`` itself, its ``latest``, or its newest step_*."""
+    if fs.exists(f"{path}/{_MANIFEST}"):
+        return path
+    if fs.exists(f"{path}/{_LATEST}"):
+        with fs.open(f"{path}/{_LATEST}", "r") as f:
+            return f"{path}/{f.read().strip()}"
+    steps = sorted((p.rstrip("/") for p in fs.ls(path, detail=False) if os.path.basename(p.rstrip("/")).startswith(_STEP)
+                    and fs.exists(f"{p.rstrip('/')}/{_MANIFEST}")), reverse=True) if fs.exists(path) else []
+    if not steps:
+        raise CheckpointError(f"export: no committed checkpoint at {url} (no {_MANIFEST}, no {_LATEST}, no "
+                              f"{_STEP}* folder with a manifest); give a checkpoint or a checkpoint directory")
+    return steps[0]
+
+
+def _verified_manifest(fs: Any, ckpt: str) -> dict[str, Any]:
+    """The checkpoint's manifest, after checking every file's size and sha256 against it."""
+    import hashlib
+
+    if not fs.exists(f"{ckpt}/{_MANIFEST}"):
+        raise CheckpointError(f"export: {ckpt} has no {_MANIFEST}: it was never committed; use an earlier checkpoint")
+    with fs.open(f"{ckpt}/{_MANIFEST}", "r") as f:
+        manifest = json.load(f)
+    for rel, meta in manifest.get("files", {}).items():
+        h, size = hashlib.sha256(), 0
+        try:
+            with fs.open(f"{ckpt}/{rel}", "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+                    size += len(chunk)
+        except FileNotFoundError:
+            raise CheckpointError(f"export: {ckpt}/{rel} is missing: the checkpoint is incomplete") from None
+        if h.hexdigest() != meta["sha256"] or size != meta["bytes"]:
+            raise CheckpointError(f"export: {ckpt}/{rel} does not match its checksum in {_MANIFEST}: "
+                                  "the checkpoint is corrupted; use an earlier one")
+    return manifest
+
+
+def load_checkpoint_weights(checkpoint: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Model config, full model weights (stoker names, CPU) and manifest of a committed stoker checkpoint.
+
+    ``checkpoint``: a ``step_XXXXXXXX`` folder or a checkpoint directory (its ``latest``), local or an
+    fsspec URL. The checkpoint is verified against its manifest first. Runs in one process: the
+    torch.distributed.checkpoint shards of any TP/FSDP layout are read back as full tensors."""
+    import fsspec
+    import torch.distributed.checkpoint as dcp
+
+    url = str(checkpoint).rstrip("/")
+    fs, path = fsspec.core.url_to_fs(url)
+    path = path.rstrip("/")
+    ckpt = _resolve_checkpoint(fs, path, url)
+    manifest = _verified_manifest(fs, ckpt)
+    model_dict = (manifest.get("fingerprint") or {}).get("model")
+    if not model_dict:
+        raise CheckpointError(f"export: {ckpt}/{_MANIFEST} records no model config; not a stoker training checkpoint")
+    cfg = LlamaConfig(**model_dict)
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    if local:
+        reader: Any = dcp.FileSystemReader(ckpt)
+    else:
+        from torch.distributed.checkpoint import FsspecReader
+
+        reader = FsspecReader(fs.unstrip_protocol(ckpt))
+    metadata = reader.read_metadata()
+    state: dict[str, Any] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    if not state:
+        raise CheckpointError(f"export: {ckpt} holds no model.* tensors; not a stoker training checkpoint")
+    dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}}, storage_reader=reader)  # type: ignore[arg-type]
+    weights = {_clean(k[len("model."):]): v for k, v in state.items()}
+    return cfg, weights, manifest
+
+
+def export_from_checkpoint(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                           dtype: torch.dtype | None = torch.bfloat16, **kwargs: Any) -> Path:
+    """Export a committed stoker training checkpoint (any TP/ZeRO-1/FSDP layout) as a Hugging Face folder.
+
+    Run it in a single process (no torchrun needed). ``kwargs`` go to :func:`export_hf` (``tokenizer``,
+    ``bos_token_id``, ``eos_token_id``, ``max_shard_bytes``)."""
+    cfg, weights, manifest = load_checkpoint_weights(checkpoint)
+    if not cfg.tie_embeddings and "output.weight" not in weights:
+        raise CheckpointError(f"export: {checkpoint} lacks output.weight for an untied model")
+    out = export_hf(weights, cfg, out_dir, dtype=dtype, **kwargs)
+    assert out is not None
+    log.info("exported checkpoint step %s to %s", manifest.get("step"), out)
+    return out
