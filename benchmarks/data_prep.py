@@ -54,40 +54,65 @@ def run_stoker(corpus: Path, tokenizer: str, block_size: int, out: Path) -> tupl
     return ref.manifest["stats"]["tokens_encoded"], seconds, ref
 
 
-def run_recipe(corpus: Path, tok, block_size: int, out: Path, cache: Path) -> tuple[int, float, int]:
-    """The published recipe's get_dataset.py, with the tokenizer call swapped for the same SentencePiece model."""
+def hf_fast_tokenizer(tok):
+    """What the recipe's ``AutoTokenizer.from_pretrained`` yields for a Llama folder: a ``tokenizers`` (Rust) BPE
+    built from the same SentencePiece model (transformers' LlamaConverter, done here without protobuf), adding
+    BOS and EOS like stoker. ``main`` checks that it produces exactly the same ids."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    sp = tok.sp
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    merges = []
+    for piece, pid in vocab.items():
+        local = [(piece[:k], piece[k:], sp.get_score(pid)) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: m[2], reverse=True)
+    bos, eos, unk = sp.id_to_piece(tok.bos_id), sp.id_to_piece(tok.eos_id), sp.id_to_piece(sp.unk_id())
+    rust = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for a, b, _ in merges], unk_token=unk, fuse_unk=True,
+                                byte_fallback=True))
+    rust.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    rust.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                      decoders.Strip(" ", 1, 0)])
+    rust.post_processor = processors.TemplateProcessing(single=f"{bos} $A {eos}",
+                                                        special_tokens=[(bos, tok.bos_id), (eos, tok.eos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=rust, bos_token=bos, eos_token=eos, unk_token=unk,
+                                   model_max_length=1 << 40)
+
+
+def run_recipe(corpus: Path, tokenize, block_size: int, out: Path, cache: Path) -> tuple[int, float, int]:
+    """The published recipe's get_dataset.py: load_dataset -> map(batched tokenize) -> map(group_texts) ->
+    save_to_disk. ``tokenize(texts)`` returns ``{"input_ids": ..., "attention_mask": ...}`` like a HF tokenizer."""
     os.environ["HF_DATASETS_CACHE"] = str(cache)
     import datasets
 
     datasets.disable_progress_bars()
-    bos, eos = tok.bos_id, tok.eos_id
     t0 = time.perf_counter()
     raw = datasets.load_dataset("json", data_files=str(corpus), split="train", cache_dir=str(cache))
     column_names = raw.column_names
     text_column_name = "text" if "text" in column_names else column_names[0]
 
     def tokenize_function(examples):
-        # what `tokenizer(examples[text])` returns: input_ids (+BOS/EOS here, as stoker stores) and attention_mask
-        ids = [[bos, *e.tolist(), eos] for e in tok.encode_batch(examples[text_column_name])]
-        return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids]}
+        return tokenize(examples[text_column_name])
 
-    tokenized = raw.map(tokenize_function, batched=True, remove_columns=column_names)
+    tokenized = raw.map(tokenize_function, batched=True, remove_columns=column_names, load_from_cache_file=True)
 
     def group_texts(examples):
         concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
         total_length = len(concatenated[list(examples.keys())[0]])
-        if total_length >= block_size:
-            total_length = (total_length // block_size) * block_size
+        total_length = (total_length // block_size) * block_size
         result = {k: [t[i:i + block_size] for i in range(0, total_length, block_size)]
                   for k, t in concatenated.items()}
         result["labels"] = result["input_ids"].copy()
         return result
 
-    lm = tokenized.map(group_texts, batched=True)
+    lm = tokenized.map(group_texts, batched=True, load_from_cache_file=True)
     lm.save_to_disk(str(out))
     seconds = time.perf_counter() - t0
     tokens = sum(len(x) for x in tokenized["input_ids"])  # counted after the clock stopped
-    return tokens, seconds, len(lm) * block_size
+    first = lm[0]["input_ids"]
+    return tokens, seconds, len(lm) * block_size, first
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,33 +126,51 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.data import load_tokenizer, open_dataset
 
     tmp = Path(tempfile.mkdtemp(prefix="stoker-bench-"))
+    rows, results = [], {}
     try:
         corpus, docs = build_corpus(tmp, args.target_mb)
         tok = load_tokenizer(args.tokenizer)
         mb = corpus.stat().st_size / 1e6
         print(f"corpus: {len(docs)} documents, {mb:.1f} MB; tokenizer {tok.name} ({tok.kind}, vocab "
-              f"{tok.vocab_size}); block size {args.block_size}; {os.cpu_count()} cores")
+              f"{tok.vocab_size}); block size {args.block_size}; {os.cpu_count()} cores", flush=True)
+        hf = hf_fast_tokenizer(tok) if tok.kind == "sentencepiece" else None
+        if hf is not None:
+            probe = docs[:3]
+            assert hf(probe)["input_ids"] == [[tok.bos_id, *tok.encode(d), tok.eos_id] for d in probe], \
+                "the converted HF tokenizer must give the same ids"
         raw_tokens, raw_s = raw_encode(tok, docs)
+        rows.append(("raw", f"raw encode, {tok.kind} (all cores)", raw_tokens, raw_s))
         del docs
         st_tokens, st_s, ref = run_stoker(corpus, args.tokenizer, args.block_size, tmp / "stoker")
-        rc_tokens, rc_s, rc_kept = run_recipe(corpus, tok, args.block_size, tmp / "recipe", tmp / "hf-cache")
-        assert st_tokens == raw_tokens == rc_tokens, (st_tokens, raw_tokens, rc_tokens)
-        import datasets
+        rows.append(("stoker", "stoker prepare", st_tokens, st_s))
+        stoker_first = open_dataset(ref)[0].tolist()
+        variants = []
+        if hf is not None:
+            variants.append(("recipe", "recipe as published (AutoTokenizer fast)", lambda texts: hf(texts)))
 
-        first = datasets.load_from_disk(str(tmp / "recipe"))[0]["input_ids"]
-        assert open_dataset(ref)[0].tolist() == first, "stoker's first block differs from the recipe's"
-        raw_tps, st_tps, rc_tps = raw_tokens / raw_s, st_tokens / st_s, rc_tokens / rc_s
-        rows = [("raw encode (all cores)", raw_tokens, raw_s, raw_tps), ("stoker prepare", st_tokens, st_s, st_tps),
-                ("recipe (datasets.map+group_texts+save_to_disk)", rc_tokens, rc_s, rc_tps)]
-        for name, n, s, tps in rows:
-            print(f"{name:<48} {n:>12,} tokens {s:8.2f} s {tps:>14,.0f} tokens/s")
-        results = {"corpus_mb": mb, "tokens": st_tokens, "block_size": args.block_size, "cores": os.cpu_count(),
-                   "raw_tokens_per_s": raw_tps, "stoker_tokens_per_s": st_tps, "recipe_tokens_per_s": rc_tps,
-                   "stoker_vs_recipe": st_tps / rc_tps, "stoker_vs_raw_encode": st_tps / raw_tps,
-                   "stoker_kept_tokens": ref.num_tokens, "recipe_kept_tokens": rc_kept}
-        print(f"stoker / recipe     = {results['stoker_vs_recipe']:.2f}x   (target >= 3x)")
-        print(f"stoker / raw encode = {results['stoker_vs_raw_encode']:.0%}   (target >= 70%)")
-        print(f"tokens kept in blocks: stoker {ref.num_tokens:,}, recipe {rc_kept:,}")
+        def same_library(texts):
+            ids = [[tok.bos_id, *e.tolist(), tok.eos_id] for e in tok.encode_batch(texts)]
+            return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids]}
+
+        variants.append(("recipe_same_lib", f"recipe with stoker's {tok.kind} encoder", same_library))
+        for key, label, fn in variants:
+            n, s, kept, first = run_recipe(corpus, fn, args.block_size, tmp / key, tmp / f"hf-cache-{key}")
+            assert n == st_tokens and first == stoker_first, f"{label}: different tokens than stoker"
+            rows.append((key, label, n, s))
+            results[f"{key}_kept_tokens"] = kept
+        for key, label, n, s in rows:
+            results[f"{key}_tokens_per_s"] = n / s
+            print(f"{label:<46} {n:>12,} tokens {s:8.2f} s {n / s:>14,.0f} tokens/s")
+        stoker_tps = results["stoker_tokens_per_s"]
+        for key, label, _, _ in rows[2:]:
+            results[f"stoker_vs_{key}"] = stoker_tps / results[f"{key}_tokens_per_s"]
+            print(f"stoker / {label:<40} = {results[f'stoker_vs_{key}']:.2f}x   (target >= 3x)")
+        results["stoker_vs_raw_encode"] = stoker_tps / results["raw_tokens_per_s"]
+        print(f"stoker / raw encode {'':<31}= {results['stoker_vs_raw_encode']:.0%}   (target >= 70%)")
+        print(f"tokens kept in blocks: stoker {ref.num_tokens:,}; recipe "
+              f"{results.get('recipe_kept_tokens', results.get('recipe_same_lib_kept_tokens')):,}")
+        results.update(corpus_mb=mb, tokens=st_tokens, block_size=args.block_size, cores=os.cpu_count(),
+                       stoker_kept_tokens=ref.num_tokens)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
     finally:

@@ -1,17 +1,18 @@
-"""stoker's training step vs a plain transformers training loop, on CPU, in one run.
+"""stoker's trainer vs a plain transformers training loop, on CPU, in one run.
 
-Both sides train the same tiny Llama (same config, same initial weights, same batch and sequence
-length, fp32, AdamW with weight decay 0.1, gradient clipping 1.0, a warmup + cosine schedule) on the same
-random token batches. They run in alternating rounds so that noise from other processes on the
+Both sides train the same tiny Llama (same config, same initial weights, same batches of the same token
+file, batch and sequence length, fp32, AdamW with weight decay 0.1 on matrices only, gradient clipping 1.0,
+warmup + cosine schedule, each library's own). They run in alternating rounds so that noise from other processes on the
 machine hits both alike; the result is the median tokens/s of each side and their ratio (target >= 1.0).
 
     python benchmarks/train_cpu.py                      # tiny config, batch 8 x 128 tokens
     python benchmarks/train_cpu.py --model small --seq-len 256 --batch 4 --rounds 3
 
-stoker side: ``stoker.train.trainer``'s step when the trainer exposes one, else the pieces it is built
-from (``Llama`` + ``parallelize`` + ``build_optimizer`` + ``LRSchedule`` + ``clip_grad_norm``).
-transformers side: ``LlamaForCausalLM(..., attn_implementation="sdpa")`` with ``torch.optim.AdamW`` and
-``get_cosine_schedule_with_warmup``, the loop a user would write from the transformers docs.
+stoker side: ``stoker.train.trainer.Trainer.fit`` (its data loader, LR schedule, step, NaN check and
+metrics logging; progress bar, TensorBoard and checkpoints off), resumed for ``--steps`` more steps per
+round. transformers side: ``LlamaForCausalLM`` (default SDPA attention) with ``torch.optim.AdamW`` and
+``get_cosine_schedule_with_warmup`` over the same batches, already in memory: the loop a user would write
+from the transformers docs.
 """
 
 from __future__ import annotations
@@ -20,43 +21,46 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 import transformers
 
-from stoker.train.configs import get_model_config
+from stoker.train.config import from_dict
 from stoker.train.flops import achieved_flops
 from stoker.train.hf import to_hf_config, to_hf_state_dict
 from stoker.train.model import Llama
-from stoker.train.optim import LRSchedule, build_optimizer, clip_grad_norm
-from stoker.train.parallel import ParallelConfig, ParallelDims, parallelize
+from stoker.train.trainer import Trainer
 
 LR, WD, BETAS, EPS, CLIP, WARMUP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0, 2
 
 
-def stoker_side(cfg, total_steps: int, seed: int) -> tuple[Llama, Callable[[torch.Tensor], float]]:
-    model = Llama(cfg)
-    model.init_weights(seed)
-    parallelize(model, ParallelDims(dp=1, tp=1, world_size=1), ParallelConfig())
-    opt = build_optimizer(model, lr=LR, weight_decay=WD, betas=BETAS, eps=EPS)
-    sched = LRSchedule(opt, lr=LR, min_lr=0.0, warmup=WARMUP, total=total_steps, schedule="cosine")
+def stoker_side(args: argparse.Namespace, workdir: Path, total_steps: int) -> Trainer:
+    vocab = 256 if args.model == "tiny" else 32000
+    tokens = workdir / "tokens.bin"
+    n = (args.seq_len + 1) * args.batch * (total_steps + 1)
+    np.random.default_rng(args.seed).integers(0, vocab, n, dtype=np.uint16).tofile(tokens)
+    cfg = from_dict({
+        "out_dir": str(workdir / "run"),
+        "model": {"name": args.model, "max_seq_len": args.seq_len},
+        "data": {"url": str(tokens), "block_size": args.seq_len + 1, "shuffle": True},
+        "train": {"steps": total_steps, "micro_batch_size": args.batch, "lr": LR, "warmup_steps": WARMUP,
+                  "schedule": "cosine", "weight_decay": WD, "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS,
+                  "grad_clip": CLIP, "seed": args.seed, "log_every": args.steps, "accelerator": "cpu"},
+        "checkpoint": {"save_final": False, "resume": "never"},
+        "metrics": {"progress": False, "tensorboard": False},
+    })
+    return Trainer(cfg)
 
-    def step(block: torch.Tensor) -> float:  # block [B, T+1]
-        sched.apply()
-        inputs, targets = block[:, :-1], block[:, 1:]
-        logits = model(inputs)  # [B, T, V]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        loss.backward()
-        clip_grad_norm(model, CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        return loss.item()
 
-    return model, step
+def run_stoker(trainer: Trainer, steps: int) -> float:
+    """Continue the trainer's fit() for ``steps`` more steps; returns the last loss."""
+    trainer.cfg.train.stop_after = trainer.step + steps
+    return float(trainer.fit()["final_loss"])
 
 
 def hf_side(cfg, init: Llama, total_steps: int) -> Callable[[torch.Tensor], float]:
@@ -84,12 +88,11 @@ def hf_side(cfg, init: Llama, total_steps: int) -> Callable[[torch.Tensor], floa
     return step
 
 
-def timed(step: Callable[[torch.Tensor], float], batches: list[torch.Tensor]) -> tuple[float, float]:
-    t0 = time.perf_counter()
+def timed(step: Callable[[torch.Tensor], float], batches: list[torch.Tensor]) -> float:
     loss = 0.0
     for b in batches:
         loss = step(b)
-    return time.perf_counter() - t0, loss
+    return loss
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -106,16 +109,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    cfg = get_model_config(args.model, max_seq_len=args.seq_len)
     total = args.warmup + args.steps * args.rounds
-    gen = torch.Generator().manual_seed(args.seed)
-    batches = [torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=gen) for _ in range(total)]
+    workdir = Path(tempfile.mkdtemp(prefix="stoker-bench-"))
+    trainer = stoker_side(args, workdir, total)
+    cfg = trainer.model_cfg
+    hf_step = hf_side(cfg, trainer.model, total)  # same initial weights
+    # the same batches, in the same order, as the trainer's loader (same dataset, seed and shuffle)
+    from stoker.train.data_source import make_loader
 
-    model, stoker_step = stoker_side(cfg, total, args.seed)
-    hf_step = hf_side(cfg, model, total)  # same initial weights
-    first = (stoker_step(batches[0]), hf_step(batches[0]))  # step 0 losses must agree: same model, same data
+    loader = make_loader(trainer.dataset, batch_size=args.batch, dp_rank=0, dp_size=1, seed=args.seed, shuffle=True)
+    batches = [torch.from_numpy(next(loader)) for _ in range(total)]
+
+    trainer.cfg.train.stop_after = args.warmup
+    first = (trainer.fit()["losses"][0], hf_step(batches[0]))  # same model, same data: these must agree
     for b in batches[1:args.warmup]:
-        stoker_step(b)
         hf_step(b)
 
     tokens = args.batch * args.seq_len * args.steps
@@ -123,13 +130,13 @@ def main(argv: list[str] | None = None) -> dict:
     final: dict[str, float] = {}
     for r in range(args.rounds):
         chunk = batches[args.warmup + r * args.steps: args.warmup + (r + 1) * args.steps]
-        order = [("stoker", stoker_step), ("transformers", hf_step)]
-        for name, step in order if r % 2 == 0 else order[::-1]:
-            secs, final[name] = timed(step, chunk)
-            rates[name].append(tokens / secs)
+        for name in ("stoker", "transformers") if r % 2 == 0 else ("transformers", "stoker"):
+            t0 = time.perf_counter()
+            final[name] = run_stoker(trainer, args.steps) if name == "stoker" else timed(hf_step, chunk)
+            rates[name].append(tokens / (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in rates.items()}
     summary = {
-        "benchmark": "train_cpu", "model": args.model, "params": model.num_params(), "batch": args.batch,
+        "benchmark": "train_cpu", "model": args.model, "params": trainer.model.num_params(), "batch": args.batch,
         "seq_len": args.seq_len, "threads": args.threads, "steps_per_round": args.steps, "rounds": args.rounds,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "tokens_per_s": {k: round(v, 1) for k, v in med.items()},

@@ -26,15 +26,15 @@ def _run_cli(flow_cls: type) -> Any:
 _spec.CLI_HOOK = _run_cli
 
 _CLIENT = {"Flow", "Run", "Step", "Task", "DataArtifact", "Metaflow", "namespace", "get_namespace",
-           "default_namespace"}
+           "default_namespace", "MetaflowNotFound", "MetaflowNamespaceMismatch"}
 
 
 def __getattr__(name: str) -> Any:
     # The client is loaded on first use so that `import stoker` in a task stays light.
     if name in _CLIENT:
-        from .store import client
+        from . import store
 
-        return getattr(client, name)
+        return getattr(store, name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 

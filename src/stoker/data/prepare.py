@@ -119,14 +119,18 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> None:
 
 
 def _get(q: queue.Queue, stage: _Stage):
+    """The next item a stage put; its exception if it failed."""
     while True:
         try:
             return q.get(timeout=0.1)
         except queue.Empty:
-            if not stage.is_alive():
-                if stage.error is not None:
-                    raise stage.error
-                return _END
+            if not stage.is_alive():  # it always ends with _END unless it failed (or was stopped)
+                try:
+                    return q.get_nowait()
+                except queue.Empty:
+                    if stage.error is not None:
+                        raise stage.error from None
+                    return _END
 
 
 class _Progress:
@@ -216,9 +220,14 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
     try:
         manifest = _run(cfg, src, tok, staging, fingerprint, show)
         layout.commit(staging, target, overwrite=cfg.overwrite)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+        raced = layout.read_manifest(target) if isinstance(exc, (DataError, OSError)) else None
+        if raced is None or raced.get("fingerprint") != fingerprint:
+            raise
+        manifest = raced  # another process (e.g. another rank) committed the same dataset first
+        logger.info("dataset %s was committed concurrently at %s; using it", fingerprint, target)
+    logger.info("prepared %s: %s", target, json.dumps(manifest["stats"]))
     ref = DatasetRef(url=target, fingerprint=fingerprint, manifest=manifest)
     if show:
         print_summary(ref)
@@ -260,10 +269,14 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
             _put(read_q, batch, stop)
             if stop.is_set():
                 return
+        _put(read_q, _END, stop)
 
     def write() -> None:
-        while True:
-            item = write_q.get()
+        while not stop.is_set():
+            try:
+                item = write_q.get(timeout=0.1)
+            except queue.Empty:
+                continue
             if item is _END:
                 return
             for name, (arr, ndocs) in item.items():

@@ -21,11 +21,11 @@ from ..backends.base import Executor, TaskHandle
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import read_manifest, write_manifest
+from ..store.manifest import log_name, read_manifest, write_manifest
 from ..store.metadata import MetadataDB
 from .output import Display, TaskOutput
 from .resources import ResourcePool, step_resources
-from .spec import TaskSpec, log_name
+from .spec import TaskSpec
 from .task import run_task
 
 log = logging.getLogger(__name__)

@@ -42,8 +42,3 @@ class TaskSpec:
     @classmethod
     def from_json(cls, text: str) -> TaskSpec:
         return cls(**json.loads(text))
-
-
-def log_name(flow: str, run_id: str, step: str, task_id: str, attempt: int, stream: str) -> str:
-    """Name of a task attempt's log in the store (`stdout` or `stderr`)."""
-    return f"runs/{flow}/{run_id}/{step}/{task_id}/{attempt}/{stream}.log"

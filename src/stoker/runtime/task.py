@@ -22,8 +22,8 @@ from ..flow.graph import FlowGraph
 from ..flow.spec import FlowSpec, Inputs, _ArtifactView
 from ..store.artifacts import load_artifact, save_artifact
 from ..store.blob import BlobStore, open_store
-from ..store.manifest import read_manifest, write_manifest
-from .spec import TaskSpec, log_name
+from ..store.manifest import log_name, read_manifest, write_manifest
+from .spec import TaskSpec
 
 
 class StepTimeout(StokerError):

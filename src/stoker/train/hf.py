@@ -437,7 +437,9 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike[str]) -> tuple[LlamaCo
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
     if not state:
         raise CheckpointError(f"export: {ckpt} holds no model.* tensors; not a stoker training checkpoint")
-    dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}}, storage_reader=reader)  # type: ignore[arg-type]
+    # no_dist: this process reads every shard itself, whatever the layout that wrote them
+    dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}}, storage_reader=reader,  # type: ignore[arg-type]
+             no_dist=True)
     weights = {_clean(k[len("model."):]): v for k, v in state.items()}
     return cfg, weights, manifest
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from stoker.store import LocalBlobStore, MetadataDB, save_artifact, write_manifest
+from stoker.store import LocalBlobStore, MetadataDB, open_store, save_artifact, write_manifest
 from stoker.store.manifest import log_name
+from stoker.store.paths import default_db_path
 
 
 @pytest.fixture
@@ -67,3 +68,24 @@ class RunMaker:
 @pytest.fixture
 def maker(store, db) -> RunMaker:
     return RunMaker(store, db)
+
+
+@pytest.fixture
+def maker_default(_stoker_home):
+    """Runs recorded at the default locations ($STOKER_HOME), for a client given no db/store."""
+    db = MetadataDB(default_db_path())
+    m = RunMaker(open_store(), db)
+    m.run("Defaults", "1")
+    m.task("Defaults", "1", "end", "1", data={"answer": 42}, stdout="done\n")
+    yield m
+    db.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_namespace(monkeypatch):
+    """Each test starts in the default namespace (the client keeps it in a module global)."""
+    from stoker.store import namespaces
+
+    monkeypatch.setattr(namespaces, "_namespace", namespaces._UNSET)
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.delenv("STOKER_USER", raising=False)

@@ -1,0 +1,209 @@
+"""Orchestration overhead: the same flows under stoker and under Metaflow, timed in one run.
+
+Each flow in benchmarks/flows/ is written once for Metaflow (`from metaflow import ...`); the stoker copy is
+the same file with only that import line changed to `from stoker import ...` — which is the compatibility
+claim. Both run as `python flow.py run` in fresh temporary folders: Metaflow with its local datastore and
+local metadata (in its own virtualenv, created once and cached), stoker with a fresh $STOKER_HOME.
+
+    python benchmarks/orchestration.py            # 6-step linear, foreach over 100, 512 MB array
+    python benchmarks/orchestration.py --quick    # smoke run: foreach over 10, 32 MB array
+    python benchmarks/orchestration.py --only linear,foreach --repeat 3
+
+Targets (wall time, Metaflow / stoker): >= 10x on linear and foreach, >= 5x on the array hand-off.
+A missed target prints MISS; the exit status is non-zero only when a flow fails under either tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FLOWS_DIR = Path(__file__).resolve().parent / "flows"
+DEFAULT_VENV = Path.home() / ".cache" / "stoker-bench" / "metaflow-venv"
+METAFLOW_IMPORT = "from metaflow import "
+STOKER_IMPORT = "from stoker import "
+
+
+@dataclass
+class Case:
+    """One benchmark flow: its file, its `run` arguments and the speed-up target."""
+
+    key: str
+    title: str
+    file: str
+    args: list[str]
+    target: float
+
+
+@dataclass
+class Result:
+    case: Case
+    stoker: list[float] = field(default_factory=list)
+    metaflow: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def cases(quick: bool) -> list[Case]:
+    n, mb = (10, 32) if quick else (100, 512)
+    return [
+        Case("linear", "linear, 6 steps", "linear_flow.py", [], 10.0),
+        Case("foreach", f"foreach over {n} + join", "foreach_flow.py", ["--n", str(n)], 10.0),
+        Case("array", f"{mb} MB numpy array hand-off", "bigarray_flow.py", ["--mb", str(mb)], 5.0),
+    ]
+
+
+# -- the Metaflow virtualenv ------------------------------------------------------------------------
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _venv_ok(venv: Path) -> str | None:
+    """Metaflow's version when the venv has metaflow and numpy importable, else None."""
+    py = venv_python(venv)
+    if not py.exists():
+        return None
+    r = subprocess.run([str(py), "-c", "import metaflow, numpy; print(metaflow.__version__)"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def ensure_metaflow_venv(venv: Path, metaflow_spec: str) -> str:
+    """Create (or reuse) a virtualenv with Metaflow and numpy from PyPI; returns Metaflow's version."""
+    version = _venv_ok(venv)
+    if version:
+        print(f"metaflow {version}: reusing {venv}")
+        return version
+    print(f"creating {venv} with {metaflow_spec} (once; cached) ...", flush=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    metaflow_spec, "numpy"], check=True)
+    version = _venv_ok(venv)
+    if not version:
+        sys.exit(f"error: {venv} was created but `import metaflow, numpy` fails in it; delete the folder and "
+                 f"run again (or pass --venv PATH)")
+    return version
+
+
+# -- running one flow -------------------------------------------------------------------------------
+def stoker_copy(src: Path, dst: Path) -> None:
+    """The stoker flow file: the Metaflow file with its `from metaflow import` line(s) changed, nothing else."""
+    lines = src.read_text().splitlines(keepends=True)
+    changed = [STOKER_IMPORT + ln[len(METAFLOW_IMPORT):] if ln.startswith(METAFLOW_IMPORT) else ln
+               for ln in lines]
+    if changed == lines:
+        raise SystemExit(f"error: {src} has no line starting with {METAFLOW_IMPORT!r}")
+    dst.write_text("".join(changed))
+
+
+def run_tool(tool: str, case: Case, python: str, workroot: Path, verbose: bool) -> tuple[float, str | None]:
+    """Run `python flow.py run ARGS` for one tool in a fresh folder; (wall seconds, error or None)."""
+    work = Path(tempfile.mkdtemp(prefix=f"{tool}-{case.key}-", dir=workroot))
+    flow = work / case.file
+    env = dict(os.environ)
+    if tool == "stoker":
+        stoker_copy(FLOWS_DIR / case.file, flow)
+        env["STOKER_HOME"] = str(work / ".stoker")
+        cmd = [python, flow.name, "run", *case.args]
+    else:
+        shutil.copy(FLOWS_DIR / case.file, flow)
+        env.update(METAFLOW_HOME=str(work / "mfhome"), USERNAME="bench", METAFLOW_USER="bench",
+                   METAFLOW_DEFAULT_DATASTORE="local", METAFLOW_DEFAULT_METADATA="local",
+                   METAFLOW_DATASTORE_SYSROOT_LOCAL=str(work))
+        cmd = [python, flow.name, "--no-pylint", "run", *case.args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if verbose:
+        print(proc.stdout + proc.stderr)
+    err = None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        err = f"{tool} {case.file} exited {proc.returncode}:\n{tail}"
+    shutil.rmtree(work, ignore_errors=True)  # the array case leaves ~1 GB per run behind otherwise
+    return seconds, err
+
+
+def warm_up(pythons: dict[str, str]) -> None:
+    """Import each tool once so that neither pays for writing .pyc files in the timed runs."""
+    for tool, py in pythons.items():
+        mod = "stoker, stoker.cli.flow_cli, stoker.runtime.scheduler" if tool == "stoker" else "metaflow, metaflow.cli"
+        subprocess.run([py, "-c", f"import numpy, {mod}"], check=True, capture_output=True)
+
+
+# -- report -----------------------------------------------------------------------------------------
+def print_table(results: list[Result], mf_version: str) -> None:
+    import stoker
+
+    head = f"{'flow':<28} {'Metaflow ' + mf_version:>16} {'stoker ' + stoker.__version__:>14} {'ratio':>8} " \
+           f"{'target':>7}  verdict"
+    print("\n" + head)
+    print("-" * len(head))
+    for r in results:
+        if r.failures:
+            print(f"{r.case.title:<28} {'FAILED':>16}")
+            continue
+        mf, st = statistics.median(r.metaflow), statistics.median(r.stoker)
+        ratio = mf / st
+        verdict = "ok" if ratio >= r.case.target else "MISS"
+        print(f"{r.case.title:<28} {mf:>15.2f}s {st:>13.2f}s {ratio:>7.1f}x {r.case.target:>6.0f}x  {verdict}")
+    print("(wall time of `python flow.py run`, median over repeats; ratio = Metaflow / stoker)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: foreach over 10 items, 32 MB array")
+    ap.add_argument("--only", default="", help="comma-separated subset of: linear, foreach, array")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool and flow; the median is reported")
+    ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"Metaflow's virtualenv (default {DEFAULT_VENV})")
+    ap.add_argument("--metaflow", default="metaflow", help="pip requirement for Metaflow, e.g. metaflow==2.19.39")
+    ap.add_argument("--workdir", type=Path, default=None, help="where the temporary run folders go")
+    ap.add_argument("--verbose", action="store_true", help="print each run's output")
+    args = ap.parse_args(argv)
+
+    selected = cases(args.quick)
+    if args.only:
+        keys = {k.strip() for k in args.only.split(",") if k.strip()}
+        unknown = keys - {c.key for c in selected}
+        if unknown:
+            ap.error(f"--only: unknown flow(s) {', '.join(sorted(unknown))}; choose from linear, foreach, array")
+        selected = [c for c in selected if c.key in keys]
+
+    mf_version = ensure_metaflow_venv(args.venv, args.metaflow)
+    pythons = {"metaflow": str(venv_python(args.venv)), "stoker": sys.executable}
+    warm_up(pythons)
+    workroot = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir=args.workdir))
+    results = []
+    try:
+        for case in selected:
+            res = Result(case)
+            for i in range(args.repeat):
+                for tool in ("metaflow", "stoker"):
+                    seconds, err = run_tool(tool, case, pythons[tool], workroot, args.verbose)
+                    print(f"  {case.title:<28} {tool:<9} run {i + 1}: {seconds:7.2f}s"
+                          + ("  FAILED" if err else ""), flush=True)
+                    if err:
+                        res.failures.append(err)
+                    else:
+                        getattr(res, tool).append(seconds)
+            results.append(res)
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    print_table(results, mf_version)
+    failures = [f for r in results for f in r.failures]
+    for f in failures:
+        print("\n" + f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
