@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
         "first_loss": {"stoker": round(first[0], 5), "transformers": round(first[1], 5)},
         "final_loss": {k: round(v, 4) for k, v in final.items()},
         "ratio": round(med["stoker"] / med["transformers"], 3),
+        # per-round ratios (each round runs both sides back to back): robust to load that drifts
+        "ratio_rounds": [round(a / b, 3) for a, b in zip(rates["stoker"], rates["transformers"], strict=True)],
     }
     if args.json:
         print(json.dumps(summary))

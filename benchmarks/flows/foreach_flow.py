@@ -21,7 +21,7 @@ class ForeachFlow(FlowSpec):
     @step
     def join(self, inputs):
         self.total = sum(i.sq for i in inputs)
-        self.count = len(inputs)
+        self.count = sum(1 for _ in inputs)
         self.next(self.end)
 
     @step

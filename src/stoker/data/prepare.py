@@ -253,7 +253,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     staging.mkdir(parents=True)
     dtype = token_dtype(tok.vocab_size)
     shard_blocks = max(1, int(cfg.shard_mb * 2**20) // (cfg.block_size * dtype.itemsize))
-    pad_id = next((i for i in (tok.pad_id, tok.eos_id, 0) if i is not None))
+    pad_id = next(i for i in (tok.pad_id, tok.eos_id, 0) if i is not None)
     writers = {name: SplitWriter(staging, name, dtype=dtype, block_size=cfg.block_size, shard_blocks=shard_blocks,
                                  remainder=cfg.remainder, pad_id=pad_id) for name in ("train", "val")}
     bos = np.array([tok.bos_id] if cfg.add_bos and tok.bos_id is not None else [], dtype=np.int64)
@@ -300,7 +300,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
             encoded = tok.encode_batch(pieces)
             per_split: dict[str, list[np.ndarray]] = {"train": [], "val": []}
             counts = {"train": 0, "val": 0}
-            prev = -1
+            prev, last = -1, "train"
             for i, ids in zip(owner, encoded, strict=True):
                 if i != prev:  # a new document: close the last one, open this one
                     name = "val" if is_val_document(doc_index + i, cfg.val_fraction) else "train"

@@ -140,7 +140,7 @@ class FileSource(Source):
                     try:
                         record = json.loads(_decode(line, where, self.encoding, self.errors))
                     except ValueError as exc:
-                        raise DataError(f"{where}: not valid JSON ({exc}); each line must be one JSON object")
+                        raise DataError(f"{where}: not valid JSON ({exc}); each line must be one JSON object") from None
                     if not isinstance(record, dict) or field not in record:
                         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                         raise DataError(f"{where}: no text field {field!r} (found: {keys}); pass the right "

@@ -90,8 +90,9 @@ class TorchrunHelper:
             nproc_per_node: int | None = None, env: Mapping[str, str] | None = None, **_: Any) -> None:
         """Run `entrypoint` (a module like `stoker.train`, or a script path) under torchrun; raise on failure."""
         cmd = self.command(entrypoint, args if args is not None else entrypoint_args, module, nproc_per_node)
+        source = "given to current.torch.run" if nproc_per_node else self.nproc_source
         print(f"torchrun: node {self.node_rank}/{self.nnodes}, {nproc_per_node or self.nproc_per_node} "
-              f"processes per node ({self.nproc_source}), master {self.master_addr}:{self.master_port}", flush=True)
+              f"processes per node ({source}), master {self.master_addr}:{self.master_port}", flush=True)
         full_env = {**os.environ, **(env or {})}
         full_env.setdefault("OMP_NUM_THREADS", "1")
         proc = subprocess.Popen(cmd, env=full_env)

@@ -8,12 +8,15 @@ from stoker.store.blob import BlobStore, LocalBlobStore, open_store
 from stoker.store.client import DataArtifact, Flow, Metaflow, Run, Step, Task, TaskData, TaskException
 from stoker.store.manifest import (
     attempt_prefix,
+    clone_manifest,
     log_name,
     manifest_name,
     read_manifest,
+    read_run_record,
     run_prefix,
     validate_manifest,
     write_manifest,
+    write_run_record,
 )
 from stoker.store.metadata import MetadataDB
 from stoker.store.namespaces import (
@@ -32,7 +35,7 @@ __all__ = [
     "ArtifactRecord", "AttemptRecord", "BlobStore", "DataArtifact", "Flow", "LocalBlobStore", "Metaflow",
     "MetaflowNamespaceMismatch", "MetaflowNotFound", "MetadataDB", "NamespaceMismatch", "NotFound", "Run",
     "RunRecord", "Step", "StepRecord", "Task", "TaskData", "TaskException", "TaskRecord", "artifact_blobs",
-    "attempt_prefix", "current_user", "default_db_path", "default_namespace", "default_store_url",
+    "attempt_prefix", "clone_manifest", "current_user", "default_db_path", "default_namespace", "default_store_url",
     "get_namespace", "home_dir", "load_artifact", "log_name", "manifest_name", "namespace", "open_store",
-    "read_manifest", "run_prefix", "save_artifact", "validate_manifest", "write_manifest",
+    "read_manifest", "read_run_record", "run_prefix", "save_artifact", "validate_manifest", "write_manifest", "write_run_record",
 ]

@@ -16,61 +16,21 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from stoker.store.artifacts import load_artifact
 from stoker.store.blob import BlobStore
+from stoker.store.client_base import (
+    ClientObject,
+    DataArtifact,
+    TaskData,
+    TaskException,
+    dt_or_none,
+    split_pathspec,
+)
 from stoker.store.manifest import log_name
 from stoker.store.metadata import MetadataDB
-from stoker.store.namespaces import NotFound, check_namespace, default_db, default_store, get_namespace
+from stoker.store.namespaces import NotFound, check_namespace, default_db, get_namespace
 from stoker.store.records import ArtifactRecord, RunRecord, TaskRecord
 
-_MISSING = object()
-
-
-def _dt(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts)
-
-
-def _split(pathspec: str, n: int, what: str) -> list[str]:
-    parts = str(pathspec).strip("/").split("/")
-    if len(parts) != n or not all(parts):
-        example = "/".join(["Flow", "run_id", "step", "task_id", "name"][:n])
-        raise NotFound(f"{what} pathspec {pathspec!r} must look like {example!r}")
-    return parts
-
-
-class _Object:
-    """Common parts: pathspec, id, the db/store pair shared with children, equality by pathspec."""
-
-    _kind = "object"
-
-    def __init__(self, pathspec: str, db: MetadataDB | None, store: BlobStore | None) -> None:
-        self.pathspec = pathspec
-        self.id = pathspec.rsplit("/", 1)[-1]
-        self._db = db if db is not None else default_db()
-        self._store_obj = store
-
-    @property
-    def _store(self) -> BlobStore:
-        if self._store_obj is None:
-            self._store_obj = default_store()
-        return self._store_obj
-
-    @property
-    def path_components(self) -> list[str]:
-        """The pathspec split on '/'."""
-        return self.pathspec.split("/")
-
-    def _kw(self) -> dict[str, Any]:
-        return {"db": self._db, "store": self._store_obj, "_namespace_check": False}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}('{self.pathspec}')"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.pathspec == self.pathspec  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self.pathspec))
+__all__ = ["DataArtifact", "Flow", "Metaflow", "Run", "Step", "Task", "TaskData", "TaskException"]
 
 
 class Metaflow:
@@ -95,12 +55,12 @@ class Metaflow:
         return f"Metaflow({self._db.path})"
 
 
-class Flow(_Object):
+class Flow(ClientObject):
     """A flow: its runs in the current namespace, newest first."""
 
     def __init__(self, name: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
                  _namespace_check: bool = True) -> None:
-        super().__init__(_split(name, 1, "flow")[0], db, store)
+        super().__init__(split_pathspec(name, 1, "flow")[0], db, store)
         if not self._db.has_flow(self.id):
             raise NotFound(f"flow {self.id!r} has no runs recorded in {self._db.path} (check the name, and "
                            f"STOKER_HOME if the runs were made elsewhere)")
@@ -135,12 +95,12 @@ class Flow(_Object):
         return next((r for r in self.runs() if r.successful), None)
 
 
-class Run(_Object):
+class Run(ClientObject):
     """A run of a flow: ``Run("Flow/run_id")``."""
 
     def __init__(self, pathspec: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
                  _namespace_check: bool = True, _record: RunRecord | None = None) -> None:
-        flow, run_id = _split(pathspec, 2, "run")
+        flow, run_id = split_pathspec(pathspec, 2, "run")
         super().__init__(f"{flow}/{run_id}", db, store)
         rec = _record or self._db.get_run(flow, run_id)
         if rec is None:
@@ -172,12 +132,12 @@ class Run(_Object):
 
     @property
     def created_at(self) -> datetime:
-        return _dt(self._rec.created_at)  # type: ignore[return-value]
+        return dt_or_none(self._rec.created_at)  # type: ignore[return-value]
 
     @property
     def finished_at(self) -> datetime | None:
         self.status  # noqa: B018 - refresh
-        return _dt(self._rec.finished_at)
+        return dt_or_none(self._rec.finished_at)
 
     @property
     def user(self) -> str | None:
@@ -252,12 +212,12 @@ class Run(_Object):
         return None if end is None else end.data
 
 
-class Step(_Object):
+class Step(ClientObject):
     """A step of a run: ``Step("Flow/run_id/step")``; iterating gives its tasks."""
 
     def __init__(self, pathspec: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
                  _namespace_check: bool = True) -> None:
-        flow, run_id, step = _split(pathspec, 3, "step")
+        flow, run_id, step = split_pathspec(pathspec, 3, "step")
         super().__init__(f"{flow}/{run_id}/{step}", db, store)
         self.flow_name, self.run_id = flow, run_id
         if _namespace_check:
@@ -274,12 +234,12 @@ class Step(_Object):
 
     @property
     def created_at(self) -> datetime:
-        return _dt(self._rec.created_at)  # type: ignore[return-value]
+        return dt_or_none(self._rec.created_at)  # type: ignore[return-value]
 
     @property
     def finished_at(self) -> datetime | None:
         rec = self._db.get_step(self.flow_name, self.run_id, self.id)
-        return _dt(rec.finished_at if rec else None)
+        return dt_or_none(rec.finished_at if rec else None)
 
     def tasks(self) -> Iterator[Task]:
         """The step's tasks, in foreach-index then task-id order."""
@@ -298,13 +258,13 @@ class Step(_Object):
         return Task(f"{self.pathspec}/{task_id}", **self._kw())
 
 
-class Task(_Object):
+class Task(ClientObject):
     """A task: ``Task("Flow/run_id/step/task_id", attempt=None)``; its latest attempt by default."""
 
     def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
                  store: BlobStore | None = None, _namespace_check: bool = True,
                  _record: TaskRecord | None = None) -> None:
-        flow, run_id, step, task_id = _split(pathspec, 4, "task")
+        flow, run_id, step, task_id = split_pathspec(pathspec, 4, "task")
         super().__init__(f"{flow}/{run_id}/{step}/{task_id}", db, store)
         self.flow_name, self.run_id, self.step_name = flow, run_id, step
         if _namespace_check:
@@ -351,11 +311,11 @@ class Task(_Object):
 
     @property
     def created_at(self) -> datetime | None:
-        return _dt(self._attempt.started_at)  # type: ignore[union-attr]
+        return dt_or_none(self._attempt.started_at)  # type: ignore[union-attr]
 
     @property
     def finished_at(self) -> datetime | None:
-        return _dt(self._attempt.finished_at)  # type: ignore[union-attr]
+        return dt_or_none(self._attempt.finished_at)  # type: ignore[union-attr]
 
     @property
     def index(self) -> int | None:
@@ -452,104 +412,3 @@ class Task(_Object):
 
     def __iter__(self) -> Iterator[DataArtifact]:
         return iter(list(self.data._artifacts.values()))
-
-
-class TaskException:
-    """The exception an attempt raised: ``type``, ``message`` and ``traceback`` (text)."""
-
-    def __init__(self, type: str, message: str, traceback: str) -> None:
-        self.type, self.message, self.traceback = type, message, traceback
-
-    def __str__(self) -> str:
-        return f"{self.type}: {self.message}"
-
-    def __repr__(self) -> str:
-        return f"TaskException({self.type!r}, {self.message!r})"
-
-
-class TaskData:
-    """A task's artifacts as attributes; ``name in data`` tests for one."""
-
-    def __init__(self, artifacts: dict[str, DataArtifact], pathspec: str, values: bool = True) -> None:
-        self._artifacts = artifacts
-        self._pathspec = pathspec
-        self._values = values
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_artifacts", "_pathspec", "_values"):
-            raise AttributeError(name)
-        art = self._artifacts.get(name)
-        if art is None:
-            raise AttributeError(f"task {self._pathspec} has no artifact {name!r}; it has "
-                                 f"{sorted(self._artifacts)}")
-        return art.data if self._values else art
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._artifacts
-
-    def __iter__(self) -> Iterator[DataArtifact]:
-        return iter(list(self._artifacts.values()))
-
-    def __dir__(self) -> list[str]:
-        return sorted(self._artifacts)
-
-    def __repr__(self) -> str:
-        return f"<data of {self._pathspec}: {', '.join(sorted(self._artifacts))}>"
-
-
-class DataArtifact(_Object):
-    """One artifact of a task: ``.data`` (loaded on first access, then cached), ``.sha``, ``.size``."""
-
-    def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
-                 store: BlobStore | None = None, _namespace_check: bool = True) -> None:
-        flow, run_id, step, task_id, name = _split(pathspec, 5, "artifact")
-        task = Task(f"{flow}/{run_id}/{step}/{task_id}", attempt=attempt, db=db, store=store,
-                    _namespace_check=_namespace_check)
-        rec = next((r for r in task._records() if r.name == name), None)
-        if rec is None:
-            raise NotFound(f"task {task.pathspec} has no artifact {name!r}")
-        self._init(task, rec)
-
-    @classmethod
-    def _from(cls, task: Task, rec: ArtifactRecord) -> DataArtifact:
-        self = cls.__new__(cls)
-        self._init(task, rec)
-        return self
-
-    def _init(self, task: Task, rec: ArtifactRecord) -> None:
-        _Object.__init__(self, f"{task.pathspec}/{rec.name}", task._db, task._store_obj)
-        self._task = task
-        self._rec = rec
-        self._value: Any = _MISSING
-
-    @property
-    def data(self) -> Any:
-        """The artifact's value, loaded from the blob store on first access."""
-        if self._value is _MISSING:
-            self._value = load_artifact(self._task._store, self._rec.descriptor)
-        return self._value
-
-    @property
-    def sha(self) -> str | None:
-        return self._rec.sha
-
-    @property
-    def size(self) -> int | None:
-        """Bytes of the serialized value (before compression)."""
-        return self._rec.size
-
-    @property
-    def type(self) -> str | None:
-        return self._rec.type
-
-    @property
-    def descriptor(self) -> dict[str, Any]:
-        return dict(self._rec.descriptor)
-
-    @property
-    def finished_at(self) -> datetime | None:
-        return self._task.finished_at
-
-    @property
-    def parent(self) -> Task:
-        return self._task

@@ -56,6 +56,38 @@ def pathspec(flow: str, run_id: str, step: str | None = None, task_id: str | Non
     return "/".join(str(p) for p in (flow, run_id, step, task_id) if p is not None)
 
 
+def run_record_name(flow: str, run_id: str) -> str:
+    """The object name of a run's record (``runs/{flow}/{run_id}/run.json``)."""
+    return run_prefix(flow, run_id) + "run.json"
+
+
+def write_run_record(store: BlobStore, record: dict[str, Any]) -> str:
+    """Write a run's record (flow, run_id, user, tags, params, config, origin_run_id, created_at, status,
+    finished_at) next to its manifests, so the index can be rebuilt from the store alone."""
+    for key in ("flow", "run_id", "user", "params"):
+        if key not in record:
+            raise StoreError(f"run record lacks the field {key!r}")
+    name = run_record_name(record["flow"], record["run_id"])
+    store.write(name, json.dumps(record, indent=1, sort_keys=True, default=str).encode())
+    return name
+
+
+def read_run_record(store: BlobStore, flow: str, run_id: str) -> dict[str, Any] | None:
+    """A run's record, or None if the run never wrote one."""
+    name = run_record_name(flow, run_id)
+    return json.loads(store.read(name)) if store.exists(name) else None
+
+
+def clone_manifest(manifest: dict[str, Any], *, run_id: str, task_id: str | None = None,
+                   user: str | None = None) -> dict[str, Any]:
+    """The manifest of a task cloned into run ``run_id`` by ``resume``: same artifacts (their blobs are
+    shared, nothing is copied) and logs, ``origin_task`` set to the original task's pathspec."""
+    m = validate_manifest(manifest)
+    origin = m["origin_task"] or pathspec(m["flow"], m["run_id"], m["step"], m["task_id"])
+    return {**m, "run_id": run_id, "task_id": task_id or m["task_id"], "attempt": 0, "retry_count": 0,
+            "origin_task": origin, "user": user or m["user"]}
+
+
 def validate_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """Check a manifest's required fields and fill the optional ones; return a normalized copy."""
     if not isinstance(manifest, dict):

@@ -230,9 +230,17 @@ class MetadataDB:
             self._refresh_task(c, m["flow"], m["run_id"], m["step"], m["task_id"])
 
     def ingest_run_from_store(self, store: Any, flow: str, run_id: str) -> int:
-        """(Re)index every manifest of a run found in the blob store; return how many."""
-        from stoker.store.manifest import read_manifest
+        """(Re)index a run from the blob store: its record (``run.json``, if written) and every
+        manifest; return the number of manifests."""
+        from stoker.store.manifest import read_manifest, read_run_record
 
+        record = read_run_record(store, flow, run_id)
+        if record is not None and self.get_run(flow, run_id) is None:
+            self.create_run(flow, run_id, user=record["user"], tags=record.get("tags", ()),
+                            params=record["params"], config=record.get("config"),
+                            origin_run_id=record.get("origin_run_id"), created_at=record.get("created_at"))
+        if record is not None and record.get("status", "running") != "running":
+            self.set_run_status(flow, run_id, record["status"], finished_at=record.get("finished_at"))
         names = list_manifests(store, flow, run_id)
         for name in names:
             step, task_id, attempt = name.split("/")[3:6]

@@ -181,7 +181,7 @@ class S3BlobStore(BlobStore):
         return self._head(self._blob_key(key))
 
     # --- named objects -----------------------------------------------------------------------------
-    def write(self, name: str, data: bytes) -> None:
+    def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
         with _s3_errors(f"writing {name}", self.url):
             self.client.put_object(Bucket=self.bucket, Key=self._k(check_name(name)), Body=bytes(data))
 

@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import shutil
+import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -438,8 +440,10 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike[str]) -> tuple[LlamaCo
     if not state:
         raise CheckpointError(f"export: {ckpt} holds no model.* tensors; not a stoker training checkpoint")
     # no_dist: this process reads every shard itself, whatever the layout that wrote them
-    dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}}, storage_reader=reader,  # type: ignore[arg-type]
-             no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}},  # type: ignore[arg-type]
+                 storage_reader=reader, no_dist=True)
     weights = {_clean(k[len("model."):]): v for k, v in state.items()}
     return cfg, weights, manifest
 
@@ -457,3 +461,28 @@ def export_from_checkpoint(checkpoint: str | os.PathLike[str], out_dir: str | os
     assert out is not None
     log.info("exported checkpoint step %s to %s", manifest.get("step"), out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stoker.train.hf CHECKPOINT OUT_DIR [--dtype bfloat16] [--tokenizer PATH]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m stoker.train.hf", description="Export a stoker training "
+                                 "checkpoint (a step_* folder or a checkpoint directory) as a Hugging Face model.")
+    ap.add_argument("checkpoint")
+    ap.add_argument("out_dir")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.model / tokenizer.json, or a folder holding them")
+    args = ap.parse_args(argv)
+    try:
+        out = export_from_checkpoint(args.checkpoint, args.out_dir, dtype=getattr(torch, args.dtype),
+                                     tokenizer=args.tokenizer)
+    except (CheckpointError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 
 from stoker.data import BlockLoader, DataError, open_dataset, prepare
+from stoker.data.sources import shakespeare_files
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    out = tmp_path_factory.mktemp("loader") / "ds"
-    ref = prepare("shakespeare", block_size=64, val_fraction=0, output=str(out), progress=False,
-                  shard_mb=0.5)
+    root = tmp_path_factory.mktemp("loader")
+    for path in shakespeare_files()[:2]:  # two plays: ~100k tokens, several shards
+        (root / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    ref = prepare(str(root / "*.txt"), block_size=64, val_fraction=0, output=str(root / "ds"), progress=False,
+                  shard_mb=0.05)
+    assert len(ref.manifest["splits"]["train"]["shards"]) > 3
     return open_dataset(ref)
 
 
@@ -43,8 +47,8 @@ def test_batches_come_from_the_dataset(ds):
 def test_deterministic_by_seed():
     a, b, c = (BlockLoader(Rows(100), batch_size=8, seed=s) for s in (1, 1, 2))
     ba, bb, bc = take(a, 5), take(b, 5), take(c, 5)
-    assert all(np.array_equal(x, y) for x, y in zip(ba, bb))
-    assert not all(np.array_equal(x, y) for x, y in zip(ba, bc))
+    assert all(np.array_equal(x, y) for x, y in zip(ba, bb, strict=False))
+    assert not all(np.array_equal(x, y) for x, y in zip(ba, bc, strict=False))
     ordered = take(BlockLoader(Rows(100), batch_size=8, shuffle=False), 2)
     assert ordered[1][:, 0].tolist() == list(range(8, 16))
 
@@ -75,11 +79,11 @@ def test_exact_resume_across_world_size_preserving_restart(ds, stop_at):
     states = [ld.state_dict() for ld in first]
     assert states[0]["samples_seen"] == stop_at * 16 * world
     resumed = [BlockLoader(ds, batch_size=16, dp_rank=r, dp_size=world, seed=3) for r in range(world)]
-    for ld, st in zip(resumed, states):
+    for ld, st in zip(resumed, states, strict=False):
         ld.load_state_dict(st)
     for r in range(world):
         got = take(resumed[r], 5)
-        assert all(np.array_equal(g, w) for g, w in zip(got, want[r][stop_at:])), (r, steps)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want[r][stop_at:], strict=False)), (r, steps)
 
 
 def test_incompatible_state_and_tiny_dataset():

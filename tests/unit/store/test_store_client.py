@@ -61,6 +61,7 @@ def test_flow_run_step_task_data(hello):
     assert start.stdout == "starting\n" and start.stderr == ""
     assert run.end_task.stderr == "a warning\n"
     assert start.successful and start.finished and start.index is None and start.exception is None
+    assert start.origin_pathspec is None and start.input_paths == []
     assert start.parent == Step("HelloFlow/1/start", **kw) and start.parent.parent == run
     assert run.parent == flow and [f.id for f in Metaflow(**kw).flows] == ["HelloFlow"]
 

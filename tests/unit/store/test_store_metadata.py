@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import MetadataDB, read_manifest, validate_manifest
+from stoker.store import MetadataDB, clone_manifest, read_manifest, validate_manifest, write_run_record
 from stoker.store.metadata import SCHEMA_VERSION
 
 
@@ -134,9 +134,27 @@ def test_rebuild_index_from_store(maker, store, tmp_path):
     maker.run("F", "1")
     maker.task("F", "1", "start", "1", data={"a": 1})
     maker.task("F", "1", "end", "2", data={"b": 2})
+    write_run_record(store, {"flow": "F", "run_id": "1", "user": "alice", "tags": ["exp"], "params": {"n": 2},
+                             "created_at": 5.0, "status": "succeeded", "finished_at": 9.0})
     fresh = MetadataDB(tmp_path / "rebuilt.db")
     assert fresh.ingest_run_from_store(store, "F", "1") == 2
     assert [t.step for t in fresh.list_tasks("F", "1")] == ["start", "end"]
+    run = fresh.get_run("F", "1")
+    assert (run.params, run.tags, run.status, run.finished_at) == ({"n": 2}, ("exp", "user:alice"), "succeeded", 9.0)
+    assert fresh.ingest_run_from_store(store, "F", "1") == 2  # again: same index
+    assert len(fresh.list_runs("F")) == 1 and len(fresh.list_tasks("F", "1")) == 2
+
+
+def test_clone_manifest_for_resume(maker, db):
+    maker.run("F", "1", status="failed")
+    original = maker.task("F", "1", "start", "1", data={"a": 1}, attempt=1)
+    db.create_run("F", "2", user="alice", params={}, origin_run_id="1")
+    clone = clone_manifest(original, run_id="2")
+    db.ingest_manifest(clone)
+    assert clone["origin_task"] == "F/1/start/1" and clone["attempt"] == 0
+    assert clone_manifest(clone, run_id="3")["origin_task"] == "F/1/start/1"  # points at the real origin
+    assert db.get_artifact("F", "2", "start", "1", "a").sha == original["artifacts"]["a"]["sha"]
+    assert db.get_run("F", "2").origin_run_id == "1"
 
 
 @pytest.mark.parametrize("bad,msg", [

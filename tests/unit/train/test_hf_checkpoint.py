@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from stoker.errors import CheckpointError
 from stoker.train.config import from_dict
 from stoker.train.hf import export_from_checkpoint, export_hf, load_checkpoint_weights
+from stoker.train.hf import main as hf_main
 from stoker.train.trainer import Trainer
 
 
@@ -44,6 +45,11 @@ def test_export_from_trainer_checkpoint_matches_trained_model(tmp_path):
     cfg, weights, manifest = load_checkpoint_weights(result["checkpoint"])
     assert manifest["step"] == 3 and cfg.tie_embeddings
     assert torch.equal(weights["layers.0.attention.wq.weight"], trainer.model.layers["0"].attention.wq.weight)
+    # the command line does the same
+    assert hf_main([str(ckpt_dir), str(tmp_path / "cli"), "--dtype", "float32"]) == 0
+    cli = load_file(str(tmp_path / "cli" / "model.safetensors"))
+    assert torch.equal(cli["model.norm.weight"], load_file(str(out / "model.safetensors"))["model.norm.weight"])
+    assert hf_main([str(tmp_path / "nope"), str(tmp_path / "cli2")]) == 1
 
 
 def test_corrupt_or_missing_checkpoints_are_refused(tmp_path):
