@@ -192,3 +192,15 @@ def test_run_objects_by_pathspec(tmp_path):
     same = Run(f"HelloFlow/{run.id}")
     assert same.id == run.id and [s.id for s in same] == ["end", "hello", "start"] or \
         sorted(s.id for s in same) == ["end", "hello", "start"]
+
+
+def test_numpy_and_torch_artifacts_round_trip_through_steps(tmp_path):
+    import numpy as np
+    import torch
+
+    run_flow("tensor_flow.py", "run", cwd=tmp_path)
+    run = Flow("TensorFlow").latest_run
+    d = run["end"].task.data
+    assert d.half.dtype == torch.bfloat16 and d.view.shape == (10, 10)
+    assert np.isclose(d.total, float(d.array.sum()))
+    assert torch.equal(d.view, torch.arange(100.0).reshape(10, 10).t())

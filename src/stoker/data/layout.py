@@ -61,7 +61,7 @@ class DatasetRef:
 
     url: str
     fingerprint: str
-    manifest: dict = field(repr=False)
+    manifest: dict = field(repr=False, hash=False)
 
     @property
     def path(self) -> Path | None:

@@ -137,8 +137,8 @@ def test_named_object_replacement_is_atomic_under_concurrent_readers(store):
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
         t.start()
-    for i in range(200):
-        store.write("ptr", payloads[i % 2])
+    for i in range(100):
+        store.write("ptr", payloads[i % 2], durable=i % 2 == 0)
     stop.set()
     for t in threads:
         t.join()
