@@ -204,3 +204,11 @@ def test_numpy_and_torch_artifacts_round_trip_through_steps(tmp_path):
     assert d.half.dtype == torch.bfloat16 and d.view.shape == (10, 10)
     assert np.isclose(d.total, float(d.array.sum()))
     assert torch.equal(d.view, torch.arange(100.0).reshape(10, 10).t())
+
+
+def test_subprocess_launch_mode_runs_the_same_task_entrypoint(tmp_path):
+    """STOKER_TASK_LAUNCH=subprocess runs `python flow.py _task SPEC`, as cluster backends do."""
+    run_flow(EXAMPLES / "foreach.py", "run", "--n", "3", cwd=tmp_path, env={"STOKER_TASK_LAUNCH": "subprocess"})
+    run = Flow("ForeachFlow").latest_run
+    assert run.successful and run["end"].task.data.total_sum == 14
+    assert len({t.data.value for t in run["square"]}) == 3

@@ -398,9 +398,9 @@ class Scheduler:
         if first.attempt + 1 < first.max_attempts and not self.failed:
             retry = get_decorator(getattr(self.flow_cls, first.step), "retry")
             delay = 60 * float(retry.attributes["minutes_between_retries"]) if retry else 0
-            self.display.info(f"[{self._prefix(first)}] failed ({self._why(first)}); retrying "
-                              f"{'the gang ' if first.gang else ''}as attempt {first.attempt + 1} of "
-                              f"{first.max_attempts - 1} retries" + (f" in {delay:.0f} s" if delay else ""),
+            self.display.info(f"[{self._prefix(first)}] failed ({self._why(first)}); "
+                              f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
+                              f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),
                               style="yellow")
             for g in unit:
                 g.attempt += 1

@@ -7,6 +7,7 @@ Kinds (the descriptor's ``kind``):
 - ``tensor``: a strided torch tensor (any dtype incl. bfloat16/float8, any device, non-contiguous). Its
   CPU bytes are viewed as uint8 and stored like an array; loaded back on the CPU. torch is imported only
   when the object *is* a tensor (``sys.modules`` check), so the flow engine never imports it.
+- ``bytes``: a large bytes/bytearray, stored as is.
 - ``pickle``: everything else, pickled with protocol 5. Buffers of arrays and tensors inside containers
   (state dicts, lists of arrays) travel out of band, concatenated (64-byte aligned) into one data blob.
   The pickle body is compressed (zstd, else zlib) only when it is large and a sample compresses well;
@@ -220,6 +221,9 @@ def save_artifact(store: BlobStore, obj: Any, *, name: str | None = None) -> dic
         key = store.put_stream(_array_chunks(obj))
         return {"kind": "ndarray", **base, "type": "numpy.ndarray", "size": int(obj.nbytes), "sha": key,
                 "blobs": [key], "dtype": obj.dtype.str, "shape": list(obj.shape), "order": order}
+    if type(obj) in (bytes, bytearray) and len(obj) > INLINE_MAX:
+        key = store.put_bytes(obj)
+        return {"kind": "bytes", **base, "size": len(obj), "sha": key, "blobs": [key]}
     torch = _torch_of(obj)
     if torch is not None and _tensor_raw_ok(obj, torch):
         raw = _tensor_bytes(obj)
@@ -295,6 +299,9 @@ def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None =
                                    desc.get("parameter", False))
         if kind == "pickle":
             return _load_pickle(store, desc, mmap)
+        if kind == "bytes":
+            data = store.get_bytes(desc["blobs"][0])
+            return bytearray(data) if desc["type"] == "bytearray" else data
     except (KeyError, IndexError, TypeError) as e:
         raise StoreError(f"malformed artifact descriptor ({e!r}): {desc}") from e
     raise StoreError(f"unknown artifact kind {kind!r} in descriptor {desc} (written by a newer stoker?)")

@@ -96,6 +96,29 @@ def test_container_of_arrays_uses_out_of_band_buffers(store):
     out["w"][0, 0] = 99.0  # writable
 
 
+def test_container_with_fortran_structured_and_object_arrays(store):
+    f = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    st = np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")])
+    st["a"] = [1, 2, 3]
+    obj = {"f": f, "strided": np.arange(20.0).reshape(4, 5)[:, ::2], "st": st,
+           "o": np.array([1, "x", None], dtype=object)}
+    desc, out = roundtrip(store, obj)
+    assert len(desc["buffers"]) == 2  # f and st out of band; the strided and object arrays in band
+    assert out["f"].flags.f_contiguous and np.array_equal(out["f"], f)
+    assert np.array_equal(out["strided"], obj["strided"]) and out["st"]["a"].tolist() == [1, 2, 3]
+    assert out["o"].tolist() == [1, "x", None]
+    desc, out = roundtrip(store, st)  # a structured array alone goes through pickle too
+    assert desc["kind"] == "pickle" and np.array_equal(out, st)
+
+
+def test_large_bytes_are_stored_raw(store):
+    data = bytes(range(256)) * 100
+    for obj in (data, bytearray(data)):
+        desc, out = roundtrip(store, obj)
+        assert desc["kind"] == "bytes" and type(out) is type(obj) and out == obj
+        assert store.get_bytes(desc["sha"]) == data
+
+
 @dataclasses.dataclass
 class Point:
     x: int
