@@ -37,7 +37,7 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
                      help="a TOML/JSON file for the flow's Config (NAME when it has several)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override one config value, e.g. --set train.lr=3e-4")
-    for attr, p in flow_cls._run_inputs().items():
+    for p in flow_cls._run_inputs().values():
         if isinstance(p, Config):
             continue
         kind = "file" if isinstance(p, IncludeFile) else getattr(p.type, "__name__", getattr(p.type, "name", ""))

@@ -9,6 +9,7 @@ from stoker.store.client import DataArtifact, Flow, Metaflow, Run, Step, Task, T
 from stoker.store.manifest import (
     attempt_prefix,
     clone_manifest,
+    latest_manifest,
     log_name,
     manifest_name,
     read_manifest,
@@ -36,6 +37,6 @@ __all__ = [
     "MetaflowNamespaceMismatch", "MetaflowNotFound", "MetadataDB", "NamespaceMismatch", "NotFound", "Run",
     "RunRecord", "Step", "StepRecord", "Task", "TaskData", "TaskException", "TaskRecord", "artifact_blobs",
     "attempt_prefix", "clone_manifest", "current_user", "default_db_path", "default_namespace", "default_store_url",
-    "get_namespace", "home_dir", "load_artifact", "log_name", "manifest_name", "namespace", "open_store",
+    "get_namespace", "home_dir", "latest_manifest", "load_artifact", "log_name", "manifest_name", "namespace", "open_store",
     "read_manifest", "read_run_record", "run_prefix", "save_artifact", "validate_manifest", "write_manifest", "write_run_record",
 ]

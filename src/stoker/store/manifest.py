@@ -131,6 +131,18 @@ def read_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: 
         raise StoreError(f"manifest {name} in {store.url} is not valid JSON: {e}") from e
 
 
+def latest_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: str) -> dict[str, Any]:
+    """The manifest of a task's latest finished attempt, found in the store alone (a task on a remote
+    node reads its parents' artifacts this way, without the database)."""
+    prefix = f"runs/{flow}/{run_id}/{step}/{task_id}/"
+    attempts = [int(n[len(prefix):].split("/")[0]) for n in store.list(prefix)
+                if n.endswith("/manifest.json") and n[len(prefix):].split("/")[0].isdigit()]
+    if not attempts:
+        raise StoreError(f"task {pathspec(flow, run_id, step, task_id)} has no manifest in {store.url}: it "
+                         f"never finished an attempt")
+    return read_manifest(store, flow, run_id, step, task_id, max(attempts))
+
+
 def list_manifests(store: BlobStore, flow: str, run_id: str) -> list[str]:
     """Object names of every attempt manifest of a run (to rebuild the index from the store)."""
     return [n for n in store.list(run_prefix(flow, run_id)) if n.endswith("/manifest.json")]

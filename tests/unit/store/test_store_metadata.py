@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import MetadataDB, clone_manifest, read_manifest, validate_manifest, write_run_record
+from stoker.store import (
+    MetadataDB,
+    clone_manifest,
+    latest_manifest,
+    read_manifest,
+    validate_manifest,
+    write_run_record,
+)
 from stoker.store.metadata import SCHEMA_VERSION
 
 
@@ -143,6 +150,15 @@ def test_rebuild_index_from_store(maker, store, tmp_path):
     assert (run.params, run.tags, run.status, run.finished_at) == ({"n": 2}, ("exp", "user:alice"), "succeeded", 9.0)
     assert fresh.ingest_run_from_store(store, "F", "1") == 2  # again: same index
     assert len(fresh.list_runs("F")) == 1 and len(fresh.list_tasks("F", "1")) == 2
+
+
+def test_latest_manifest_from_the_store_alone(maker, store):
+    maker.run("F", "1")
+    for attempt in (0, 1, 2):
+        maker.task("F", "1", "train", "3", attempt=attempt, data={"a": attempt}, ingest=False)
+    assert latest_manifest(store, "F", "1", "train", "3")["attempt"] == 2
+    with pytest.raises(StoreError, match="F/1/train/4 has no manifest"):
+        latest_manifest(store, "F", "1", "train", "4")
 
 
 def test_clone_manifest_for_resume(maker, db):
