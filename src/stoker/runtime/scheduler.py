@@ -402,7 +402,10 @@ class Scheduler:
                               f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
                               f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),
                               style="yellow")
+            port = free_port()  # a fresh rendezvous port: stragglers of the last attempt may hold the old one
             for g in unit:
+                if g.parallel:
+                    g.parallel = dict(g.parallel, port=port)
                 g.attempt += 1
                 g.state, g.not_before, g.manifest, g.handle = "pending", time.time() + delay, None, None
             return

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._process import die_with_parent
 from ..errors import StokerError
 from ..flow.current import ParallelInfo
 from ..flow.decorators import get_decorator
@@ -95,7 +96,7 @@ class TorchrunHelper:
               f"processes per node ({source}), master {self.master_addr}:{self.master_port}", flush=True)
         full_env = {**os.environ, **(env or {})}
         full_env.setdefault("OMP_NUM_THREADS", "1")
-        proc = subprocess.Popen(cmd, env=full_env)
+        proc = subprocess.Popen(cmd, env=full_env, preexec_fn=die_with_parent)
         try:
             rc = proc.wait()
         except BaseException:

@@ -321,7 +321,10 @@ class Task(ClientObject):
     def index(self) -> int | None:
         """The index of this task in its innermost foreach, or None outside a foreach."""
         stack = self.foreach_stack
-        return int(stack[-1]["index"]) if stack else (self._rec.foreach_index or [None])[-1]
+        if stack:
+            index = stack[-1].get("index")
+            return None if index is None else int(index)
+        return self._rec.foreach_index[-1] if self._rec.foreach_index else None
 
     @property
     def foreach_stack(self) -> list[dict[str, Any]]:

@@ -266,7 +266,8 @@ class MetadataDB:
             "AND step=? AND task_id=? ORDER BY attempt DESC LIMIT 1", where).fetchone()
         (started_at,) = c.execute("SELECT min(started_at) FROM attempts WHERE flow=? AND run_id=? AND step=? "
                                   "AND task_id=?", where).fetchone()
-        index = [int(f.get("index", 0)) for f in json.loads(stack or "[]")]
+        index = [int(f["index"]) if isinstance(f, dict) and f.get("index") is not None else -1
+                 for f in json.loads(stack or "[]")]
         c.execute(f"INSERT OR REPLACE INTO tasks ({_TASK_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
                   (*where, attempt, status, started_at, finished_at, _dumps(index)))
 

@@ -193,3 +193,13 @@ def test_reader_in_another_process_sees_committed_writes(db):
             "print(d.get_run('F', '1').params['n'])")
     out = subprocess.run([sys.executable, "-c", code, str(db.path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "3"
+
+
+def test_manifest_with_partial_foreach_entry_and_extra_fields(db):
+    """A scheduler-written failure manifest may lack foreach values and carry extra keys."""
+    m = {"flow": "F", "run_id": "1", "step": "each", "task_id": "4", "attempt": 0, "status": "failed",
+         "started_at": 1.0, "finished_at": 2.0, "artifacts": {}, "next": {"steps": ["join"]},
+         "foreach_stack": [{"step": "start", "var": "items", "index": None, "num_splits": None}]}
+    db.ingest_manifest(m)
+    assert db.get_task("F", "1", "each", "4").foreach_index == (-1,)
+    assert db.get_attempt("F", "1", "each", "4").manifest["next"] == {"steps": ["join"]}

@@ -8,7 +8,6 @@ the scheduler (PR_SET_PDEATHSIG) so that a killed `run` leaves no orphans behind
 
 from __future__ import annotations
 
-import ctypes
 import io
 import os
 import signal
@@ -20,19 +19,9 @@ from collections.abc import Callable
 
 import psutil
 
+from ..._process import die_with_parent, signal_tree
 from ...runtime.spec import TaskSpec
 from ..base import Capabilities, Executor, TaskHandle
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to signal this process when its parent dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-        except OSError:
-            pass
 
 
 def _nonblocking(*fds: int) -> None:
@@ -56,10 +45,7 @@ class ForkHandle(TaskHandle):
         return self._code
 
     def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_tree(self.pid, sig)
 
 
 class PopenHandle(TaskHandle):
@@ -74,10 +60,7 @@ class PopenHandle(TaskHandle):
         return code
 
     def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_tree(self.proc.pid, sig)
 
 
 class LocalExecutor(Executor):
