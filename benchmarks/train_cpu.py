@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,6 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+
+try:  # run from a checkout without `pip install -e .`: use its src/
+    import stoker  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stoker.train.config import from_dict
 from stoker.train.flops import achieved_flops

@@ -25,10 +25,16 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+try:  # run from a checkout without `pip install -e .`: use its src/
+    import stoker  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stoker.train.accelerators import Accelerator, detect
 from stoker.train.configs import get_model_config
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 res = run_recipe(r, acc, steps=steps, warmup=args.warmup, compile_=args.compile)
                 break
-            except torch.OutOfMemoryError as e:
+            except torch.cuda.OutOfMemoryError as e:
                 res = {"model": r.name, "activation_checkpoint": ac, "error": f"out of memory: {str(e)[:200]}"}
             finally:
                 _free()

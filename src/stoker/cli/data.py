@@ -49,7 +49,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace what is at --output")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     p.add_argument("--json", action="store_true", help="print the dataset reference as JSON on stdout")
-    p.set_defaults(func=cmd_prepare)
+    p.set_defaults(func=cmd_prepare, fn=cmd_prepare)
 
     t = sub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer (HF tokenizers) on a corpus")
     _add_source_args(t)
@@ -57,7 +57,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size (default: 8000)")
     t.add_argument("--min-frequency", type=int, default=2, help="minimum pair frequency (default: 2)")
     t.add_argument("--max-docs", type=int, default=None, help="train on at most this many documents")
-    t.set_defaults(func=cmd_train_tokenizer)
+    t.set_defaults(func=cmd_train_tokenizer, fn=cmd_train_tokenizer)
     return data
 
 

@@ -321,7 +321,7 @@ class Scheduler:
         t.exit_code = code
         for stream in ("stdout", "stderr"):
             self.store.write(log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream),
-                             t.output.read(stream))
+                             t.output.read(stream), durable=False)
         try:
             m = read_manifest(self.store, self.flow, self.run_id, t.step, t.task_id, t.attempt)
         except Exception:  # noqa: BLE001 - a killed task writes none; we write it

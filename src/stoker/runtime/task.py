@@ -145,7 +145,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     if code == 0:
         try:
             for name, value in flow._new_artifacts().items():
-                artifacts[name] = save_artifact(store, value)
+                artifacts[name] = save_artifact(store, value, name=name)
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {exc}",

@@ -28,6 +28,10 @@ class BranchFlow(FlowSpec):
         self.xs = [inputs.a.x, inputs.b.x]
         self.merge_artifacts(inputs, exclude=["x"])
         assert self.common == "shared" and self.only_a == "A"
+        self.next(self.fan_out)
+
+    @step
+    def fan_out(self):  # Metaflow does not allow a join to be a split too
         self.next(self.c, self.d)
 
     @step
@@ -45,7 +49,7 @@ class BranchFlow(FlowSpec):
     @step
     def join2(self, inputs):
         self.best = max(inp.score for inp in inputs)
-        self.merge_artifacts(inputs, include=["label"])
+        self.merge_artifacts(inputs, include=["label", "common", "xs"])
         self.next(self.end)
 
     @step

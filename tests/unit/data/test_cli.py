@@ -44,3 +44,13 @@ def test_module_entry_point_and_clean_errors(tmp_path, jsonl_file):
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "error: " in bad.stderr and "corpus.jsonl:1: no text field 'body'" in bad.stderr
+
+
+def test_stoker_cli_wires_data_command(tmp_path, jsonl_file, capsys):
+    import pytest
+
+    from stoker.cli.main import main as stoker_main
+
+    with pytest.raises(SystemExit) as done:
+        stoker_main(["data", "prepare", str(jsonl_file), "-b", "32", "-q", "-o", str(tmp_path / "d")])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == str(tmp_path / "d")
