@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,6 +38,7 @@ except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stoker.train.config import from_dict
+from stoker.train.configs import get_model_config
 from stoker.train.flops import achieved_flops
 from stoker.train.hf import to_hf_config, to_hf_state_dict
 from stoker.train.model import Llama
@@ -46,14 +48,15 @@ LR, WD, BETAS, EPS, CLIP, WARMUP = 3e-4, 0.1, (0.9, 0.95), 1e-8, 1.0, 2
 
 
 def stoker_side(args: argparse.Namespace, workdir: Path, total_steps: int) -> Trainer:
-    vocab = 256 if args.model == "tiny" else 32000
+    vocab = get_model_config(args.model).vocab_size
+    dtype = "uint16" if vocab <= 65536 else "uint32"
     tokens = workdir / "tokens.bin"
     n = (args.seq_len + 1) * args.batch * (total_steps + 1)
-    np.random.default_rng(args.seed).integers(0, vocab, n, dtype=np.uint16).tofile(tokens)
+    np.random.default_rng(args.seed).integers(0, vocab, n, dtype=np.dtype(dtype)).tofile(tokens)
     cfg = from_dict({
         "out_dir": str(workdir / "run"),
         "model": {"name": args.model, "max_seq_len": args.seq_len},
-        "data": {"url": str(tokens), "block_size": args.seq_len + 1, "shuffle": True},
+        "data": {"url": str(tokens), "block_size": args.seq_len + 1, "shuffle": True, "token_dtype": dtype},
         "train": {"steps": total_steps, "micro_batch_size": args.batch, "lr": LR, "warmup_steps": WARMUP,
                   "schedule": "cosine", "weight_decay": WD, "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS,
                   "grad_clip": CLIP, "seed": args.seed, "log_every": args.steps, "accelerator": "cpu"},
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         # per-round ratios (each round runs both sides back to back): robust to load that drifts
         "ratio_rounds": [round(a / b, 3) for a, b in zip(rates["stoker"], rates["transformers"], strict=True)],
     }
+    shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         print(json.dumps(summary))
     else:

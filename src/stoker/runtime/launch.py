@@ -16,7 +16,7 @@ from ..flow.graph import FlowGraph, lint
 from ..flow.parameters import _MISSING, Config
 from ..store.artifacts import save_artifact
 from ..store.blob import BlobStore, open_store
-from ..store.manifest import list_manifests
+from ..store.manifest import list_manifests, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, home_dir
 from .output import Display
@@ -107,10 +107,10 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
     configs = {k: dict(v) for k, v in values.items() if isinstance(flow_cls._run_inputs()[k], Config)}
     db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
                   origin_run_id=origin_run_id)
-    store.write(f"runs/{graph.name}/{run_id}/run.json", json.dumps(
-        {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
-         "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [],
-         "with": with_specs, "flow_file": flow_file}, default=str).encode())
+    write_run_record(store, {"flow": graph.name, "run_id": run_id, "user": user, "params": shown,
+                             "config": configs, "run_inputs": run_inputs, "origin_run_id": origin_run_id,
+                             "tags": tags or [], "with": with_specs, "flow_file": flow_file,
+                             "created_at": time.time(), "status": "running"})
     if run_id_file:
         Path(run_id_file).write_text(run_id)
     display = Display(f"{graph.name}/{run_id}", quiet=quiet)
@@ -146,11 +146,10 @@ def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tup
     """Successful task manifests of the origin run keyed by (step, foreach position), and its run inputs."""
     from ..store.artifacts import load_artifact
 
-    name = f"runs/{flow}/{run_id}/run.json"
-    if not store.exists(name):
+    info = read_run_record(store, flow, run_id)
+    if info is None or "run_inputs" not in info:
         raise StokerError(f"run {flow}/{run_id} is not in the store {store.url}: pick a run id from `stoker runs "
                           f"{flow}`")
-    info = json.loads(store.read(name))
     values = {k: load_artifact(store, d) for k, d in info["run_inputs"].items()}
     origin: dict[tuple, dict] = {}
     for mname in list_manifests(store, flow, run_id):

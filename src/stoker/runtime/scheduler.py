@@ -21,7 +21,7 @@ from ..backends.base import Executor, TaskHandle
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import log_name, read_manifest, write_manifest
+from ..store.manifest import clone_manifest, log_name, read_manifest, write_manifest
 from ..store.metadata import MetadataDB
 from .output import Display, TaskOutput
 from .resources import ResourcePool, step_resources
@@ -189,9 +189,8 @@ class Scheduler:
         if not all(found):
             return False
         for t, m in zip(unit, found, strict=True):
-            clone = dict(m, run_id=self.run_id, task_id=t.task_id, attempt=0, retry_count=0,
-                         origin_task=f"{self.flow}/{self.origin_run_id}/{m['step']}/{m['task_id']}",
-                         input_paths=[f"{self.flow}/{self.run_id}/{i['step']}/{i['task_id']}" for i in t.inputs])
+            clone = clone_manifest(m, run_id=self.run_id, task_id=t.task_id, user=self.user)
+            clone["input_paths"] = [f"{self.flow}/{self.run_id}/{i['step']}/{i['task_id']}" for i in t.inputs]
             write_manifest(self.store, clone)
             self.db.ingest_manifest(clone)
             t.manifest, t.state, t.cloned = clone, "ok", True
