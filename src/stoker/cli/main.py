@@ -65,14 +65,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    import runpy
+    import os
 
     from ..recipes import quickstart_path
 
-    path = quickstart_path()
-    sys.argv = [str(path), "run", *args.rest]
-    runpy.run_path(str(path), run_name="__main__")
-    return 0
+    path = str(quickstart_path())
+    print(f"stoker quickstart: python {path} run {' '.join(args.rest)}".rstrip(), flush=True)
+    os.execv(sys.executable, [sys.executable, path, "run", *args.rest])
+    return 0  # not reached
 
 
 def build_parser() -> argparse.ArgumentParser:

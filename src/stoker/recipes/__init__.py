@@ -7,4 +7,4 @@ from pathlib import Path
 
 def quickstart_path() -> Path:
     """The flow file `stoker quickstart` runs."""
-    return Path(__file__).with_name("hello.py")
+    return Path(__file__).with_name("llama_pretrain.py")

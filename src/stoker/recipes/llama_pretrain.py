@@ -1,0 +1,131 @@
+"""LlamaPretrain: prepare data -> train a gang (TP x ZeRO-1 over torchrun) -> evaluate -> export -> summary.
+
+    python examples/llama_pretrain.py run                          # the embedded defaults (llama_pretrain.toml)
+    python examples/llama_pretrain.py run --set train.steps=200     # override any value per run
+    python examples/llama_pretrain.py run --config examples/configs/llama2_7b.toml --with batch
+
+A retry of `train` (a rank died, a node was lost) restarts the gang, which resumes from the latest committed
+checkpoint of this run; `resume` of a killed run resumes from the checkpoints of the run it continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from stoker import Config, FlowSpec, current, retry, step, torchrun
+
+DEFAULT_CONFIG = Path(__file__).with_name("llama_pretrain.toml")
+TRAIN_SECTIONS = ("train", "parallel", "checkpoint")
+
+
+def _toml_value(v: object) -> str:
+    return json.dumps(v)  # numbers, booleans, strings and flat lists read the same in TOML
+
+
+def train_overrides(cfg: dict) -> list[str]:
+    """The pipeline config's model/train/parallel/checkpoint sections as `stoker.train` --set items."""
+    out = []
+    for key, value in cfg.get("model", {}).items():
+        out.append(f"model.{key}={_toml_value(value)}")
+    for section in TRAIN_SECTIONS:
+        for key, value in cfg.get(section, {}).items():
+            out.append(f"{section}.{key}={_toml_value(value)}")
+    return out
+
+
+def checkpoint_root(run_id: str) -> str:
+    """Checkpoints live next to the run in the store (a local folder here, s3://… on a cluster)."""
+    return f"{current.store_url.rstrip('/')}/checkpoints/{current.flow_name}/{run_id}"
+
+
+def committed(url: str) -> bool:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.exists(f"{path}/latest")
+
+
+class LlamaPretrain(FlowSpec):
+    """Pretrain a Llama-family model from a corpus, end to end."""
+
+    config = Config("config", default=str(DEFAULT_CONFIG), help="pipeline TOML (data, cluster, model, train, ...)")
+
+    @step
+    def start(self):
+        from stoker.data import prepare
+
+        d = self.config.data
+        t0 = time.time()
+        self.data = prepare(source=d.source, tokenizer=d.tokenizer, block_size=d.block_size,
+                            val_fraction=d.get("val_fraction", 0.0))
+        self.prepare_seconds = time.time() - t0
+        self.nodes = int(self.config.cluster.nodes)
+        self.next(self.train, num_parallel=self.nodes)
+
+    @retry(times=2, minutes_between_retries=0)
+    @torchrun
+    @step
+    def train(self):
+        ckpt = checkpoint_root(current.run_id)
+        args = [f"--set={s}" for s in train_overrides(self.config.to_dict())]
+        args += [f"--set=data.url={self.data.url}", f"--set=checkpoint.dir={ckpt}",
+                 f"--set=out_dir={os.path.join(current.tempdir, 'train')}", "--set=checkpoint.resume=\"auto\""]
+        if not committed(ckpt) and current.origin_run_id and committed(checkpoint_root(current.origin_run_id)):
+            args.append(f"--set=checkpoint.resume_from={checkpoint_root(current.origin_run_id)}")
+            print(f"resuming from the checkpoints of run {current.origin_run_id}", flush=True)
+        result_file = os.path.join(current.tempdir, "result.json")
+        current.torch.run(entrypoint="stoker.train", nproc_per_node=int(self.config.cluster.nproc_per_node),
+                          args=args + [f"--result-file={result_file}"])
+        self.node = current.parallel.node_index
+        self.result = json.load(open(result_file)) if os.path.exists(result_file) else None
+        self.next(self.join)
+
+    @step
+    def join(self, inputs):
+        self.result = next(i.result for i in inputs if i.result)
+        self.metrics = {k: self.result.get(k) for k in ("step", "final_loss", "tokens", "tokens_per_s",
+                                                         "resumed_from", "world_size", "dp", "tp", "num_params")}
+        self.checkpoint = self.result["checkpoint"]
+        self.merge_artifacts(inputs, include=["data", "prepare_seconds", "nodes"])
+        self.next(self.evaluate)
+
+    @step
+    def evaluate(self):
+        from stoker.train.evaluate import evaluate_checkpoint
+
+        e = self.config.evaluate
+        self.eval = evaluate_checkpoint(self.checkpoint, self.data, split="val", batches=e.batches,
+                                        tokenizer=self.config.data.tokenizer, prompts=list(e.prompts),
+                                        max_new_tokens=e.max_new_tokens)
+        for s in self.eval["samples"]:
+            print(f"sample: {s['prompt']!r} -> {s['completion']!r}")
+        self.next(self.export)
+
+    @step
+    def export(self):
+        from stoker.data import load_tokenizer
+        from stoker.train.hf import export_from_checkpoint
+
+        out = Path(current.store_url) / "exports" if "://" not in current.store_url else None
+        target = str(out / current.flow_name / current.run_id) if out else \
+            f"{current.store_url.rstrip('/')}/exports/{current.flow_name}/{current.run_id}"
+        tok = load_tokenizer(self.config.data.tokenizer)
+        self.export_dir = str(export_from_checkpoint(self.checkpoint, target, tokenizer=getattr(tok, "path", None)))
+        self.next(self.end)
+
+    @step
+    def end(self):
+        m, e = self.metrics, self.eval
+        print(f"LlamaPretrain {current.run_id}: {m['tokens']:,} tokens seen in {m['step']} steps on "
+              f"{m['world_size']} ranks (TP={m['tp']} x DP={m['dp']}), {m['tokens_per_s']:,.0f} tokens/s")
+        print(f"  final train loss {m['final_loss']:.4f}, validation loss {e['val_loss']:.4f} "
+              f"(perplexity {e['val_perplexity']:.1f})")
+        print(f"  checkpoint: {self.checkpoint}")
+        print(f"  export (Hugging Face format): {self.export_dir}")
+
+
+if __name__ == "__main__":
+    LlamaPretrain()
