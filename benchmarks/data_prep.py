@@ -37,21 +37,21 @@ def build_corpus(folder: Path, target_mb: float) -> tuple[Path, list[str]]:
     return path, docs
 
 
-def raw_encode(tok, docs: list[str]) -> tuple[int, float]:
-    t0 = time.perf_counter()
+def raw_encode(tok, docs: list[str]) -> tuple[int, float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
     encoded = tok.encode_batch(docs)  # all cores, the tokenizer's own batch API
-    seconds = time.perf_counter() - t0
-    return sum(len(e) for e in encoded) + 2 * len(docs), seconds  # + BOS/EOS, as both pipelines store
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return sum(len(e) for e in encoded) + 2 * len(docs), seconds, cpu  # + BOS/EOS, as both pipelines store
 
 
-def run_stoker(corpus: Path, tokenizer: str, block_size: int, out: Path) -> tuple[int, float, object]:
+def run_stoker(corpus: Path, tokenizer: str, block_size: int, out: Path) -> tuple[int, float, float, object]:
     from stoker.data import prepare
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ref = prepare(str(corpus), tokenizer=tokenizer, block_size=block_size, val_fraction=0.0, output=str(out),
                   progress=False)
-    seconds = time.perf_counter() - t0
-    return ref.manifest["stats"]["tokens_encoded"], seconds, ref
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return ref.manifest["stats"]["tokens_encoded"], seconds, cpu, ref
 
 
 def hf_fast_tokenizer(tok):
@@ -88,7 +88,7 @@ def run_recipe(corpus: Path, tokenize, block_size: int, out: Path, cache: Path) 
     import datasets
 
     datasets.disable_progress_bars()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     raw = datasets.load_dataset("json", data_files=str(corpus), split="train", cache_dir=str(cache))
     column_names = raw.column_names
     text_column_name = "text" if "text" in column_names else column_names[0]
@@ -111,11 +111,11 @@ def run_recipe(corpus: Path, tokenize, block_size: int, out: Path, cache: Path) 
 
     lm = tokenized.map(group_texts, batched=True, load_from_cache_file=True)
     lm.save_to_disk(str(out))
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(x) for x in tokenized["input_ids"])  # counted after the clock stopped
     first = lm[0]["input_ids"]
     stages = {"load": t_load - t0, "tokenize_map": t_tok - t_load, "group_texts_and_save": t0 + seconds - t_tok}
-    return tokens, seconds, len(lm) * block_size, first, stages
+    return tokens, seconds, cpu, len(lm) * block_size, first, stages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,29 +150,30 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(("recipe_same_lib", f"recipe with stoker's {tok.kind} encoder", same_library))
         best: dict[str, tuple] = {}
 
-        def keep(key, label, n, s, extra=None):
+        def keep(key, label, n, s, cpu, extra=None):
             if key not in best or s < best[key][3]:
-                best[key] = (key, label, n, s, extra)
+                best[key] = (key, label, n, s, cpu, extra)
 
         for rnd in range(args.rounds):  # interleaved, so that load from other processes hits all alike
             keep("raw", f"raw encode, {tok.kind} (all cores)", *raw_encode(tok, docs))
-            st_tokens, st_s, ref = run_stoker(corpus, args.tokenizer, args.block_size, tmp / f"stoker{rnd}")
-            keep("stoker", "stoker prepare", st_tokens, st_s)
+            st_tokens, st_s, st_cpu, ref = run_stoker(corpus, args.tokenizer, args.block_size, tmp / f"stoker{rnd}")
+            keep("stoker", "stoker prepare", st_tokens, st_s, st_cpu)
             stoker_first = open_dataset(ref)[0].tolist()
             for key, label, fn in variants:
-                n, s, kept, first, stages = run_recipe(corpus, fn, args.block_size, tmp / f"{key}{rnd}",
+                n, s, cpu, kept, first, stages = run_recipe(corpus, fn, args.block_size, tmp / f"{key}{rnd}",
                                                       tmp / f"hf-cache-{key}{rnd}")
                 assert n == st_tokens and first == stoker_first, f"{label}: different tokens than stoker"
-                keep(key, label, n, s, stages)
+                keep(key, label, n, s, cpu, stages)
                 results[f"{key}_kept_tokens"] = kept
         rows = [best[k] for k in ("raw", "stoker", *(v[0] for v in variants))]
-        for key, label, _, _, stages in rows:
+        for key, label, _, _, _, stages in rows:
             if stages:
                 results[f"{key}_stages_s"] = stages
                 print(f"  {label}: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
-        for key, label, n, s, _ in rows:
+        for key, label, n, s, cpu, _ in rows:
             results[f"{key}_tokens_per_s"] = n / s
-            print(f"{label:<46} {n:>12,} tokens {s:8.2f} s {n / s:>14,.0f} tokens/s")
+            results[f"{key}_cpu_s"] = cpu
+            print(f"{label:<46} {n:>12,} tokens {s:8.2f} s {n / s:>12,.0f} tokens/s  (CPU {cpu:6.2f} s)")
         stoker_tps = results["stoker_tokens_per_s"]
         for key, label, *_ in rows[2:]:
             results[f"stoker_vs_{key}"] = stoker_tps / results[f"{key}_tokens_per_s"]

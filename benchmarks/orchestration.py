@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,9 +46,11 @@ class Case:
 
 @dataclass
 class Result:
+    """Wall and CPU seconds (user + sys of the whole process tree) of each run, per tool."""
+
     case: Case
-    stoker: list[float] = field(default_factory=list)
-    metaflow: list[float] = field(default_factory=list)
+    wall: dict[str, list[float]] = field(default_factory=lambda: {"metaflow": [], "stoker": []})
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {"metaflow": [], "stoker": []})
     failures: list[str] = field(default_factory=list)
 
 
@@ -105,11 +108,20 @@ def stoker_copy(src: Path, dst: Path) -> None:
     dst.write_text("".join(changed))
 
 
-def run_tool(tool: str, case: Case, python: str, workroot: Path, verbose: bool) -> tuple[float, str | None]:
-    """Run `python flow.py run ARGS` for one tool in a fresh folder; (wall seconds, error or None)."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_tool(tool: str, case: Case, python: str, workroot: Path, verbose: bool) -> tuple[float, float, str | None]:
+    """Run `python flow.py run ARGS` for one tool in a fresh folder; (wall s, CPU s, error or None).
+
+    CPU time counts the whole process tree (both tools wait for their task processes)."""
     work = Path(tempfile.mkdtemp(prefix=f"{tool}-{case.key}-", dir=workroot))
     flow = work / case.file
     env = dict(os.environ)
+    # As on a user's machine, both tools may cache compiled bytecode (some sandboxes turn this off).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if tool == "stoker":
         stoker_copy(FLOWS_DIR / case.file, flow)
         env["STOKER_HOME"] = str(work / ".stoker")
@@ -120,9 +132,9 @@ def run_tool(tool: str, case: Case, python: str, workroot: Path, verbose: bool) 
                    METAFLOW_DEFAULT_DATASTORE="local", METAFLOW_DEFAULT_METADATA="local",
                    METAFLOW_DATASTORE_SYSROOT_LOCAL=str(work))
         cmd = [python, flow.name, "--no-pylint", "run", *case.args]
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     if verbose:
         print(proc.stdout + proc.stderr)
     err = None
@@ -130,33 +142,38 @@ def run_tool(tool: str, case: Case, python: str, workroot: Path, verbose: bool) 
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
         err = f"{tool} {case.file} exited {proc.returncode}:\n{tail}"
     shutil.rmtree(work, ignore_errors=True)  # the array case leaves ~1 GB per run behind otherwise
-    return seconds, err
+    return seconds, cpu, err
 
 
-def warm_up(pythons: dict[str, str]) -> None:
-    """Import each tool once so that neither pays for writing .pyc files in the timed runs."""
+def warm_up(pythons: dict[str, str], workroot: Path) -> None:
+    """One untimed run of the linear flow per tool: neither pays for compiling .pyc files or a cold disk cache."""
+    linear = cases(quick=True)[0]
     for tool, py in pythons.items():
-        mod = "stoker, stoker.cli.flow_cli, stoker.runtime.scheduler" if tool == "stoker" else "metaflow, metaflow.cli"
-        subprocess.run([py, "-c", f"import numpy, {mod}"], check=True, capture_output=True)
+        _, _, err = run_tool(tool, linear, py, workroot, verbose=False)
+        if err:
+            sys.exit(f"error: the warm-up run failed\n{err}")
 
 
 # -- report -----------------------------------------------------------------------------------------
 def print_table(results: list[Result], mf_version: str) -> None:
     import stoker
 
-    head = f"{'flow':<28} {'Metaflow ' + mf_version:>16} {'stoker ' + stoker.__version__:>14} {'ratio':>8} " \
-           f"{'target':>7}  verdict"
+    head = (f"{'flow':<28} {'Metaflow ' + mf_version:>17} {'stoker ' + stoker.__version__:>13} {'ratio':>7} "
+            f"{'target':>6}  {'verdict':<7} | {'CPU: Metaflow':>13} {'stoker':>8} {'ratio':>7}")
     print("\n" + head)
     print("-" * len(head))
     for r in results:
         if r.failures:
-            print(f"{r.case.title:<28} {'FAILED':>16}")
+            print(f"{r.case.title:<28} {'FAILED':>17}")
             continue
-        mf, st = statistics.median(r.metaflow), statistics.median(r.stoker)
+        mf, st = statistics.median(r.wall["metaflow"]), statistics.median(r.wall["stoker"])
+        cmf, cst = statistics.median(r.cpu["metaflow"]), statistics.median(r.cpu["stoker"])
         ratio = mf / st
         verdict = "ok" if ratio >= r.case.target else "MISS"
-        print(f"{r.case.title:<28} {mf:>15.2f}s {st:>13.2f}s {ratio:>7.1f}x {r.case.target:>6.0f}x  {verdict}")
-    print("(wall time of `python flow.py run`, median over repeats; ratio = Metaflow / stoker)")
+        print(f"{r.case.title:<28} {mf:>16.2f}s {st:>12.2f}s {ratio:>6.1f}x {r.case.target:>5.0f}x  {verdict:<7} | "
+              f"{cmf:>12.2f}s {cst:>7.2f}s {cmf / max(cst, 1e-9):>6.1f}x")
+    print("wall time of `python flow.py run`, median over repeats; ratio = Metaflow / stoker; the target applies to "
+          "wall time.\nCPU = user + sys seconds of the whole process tree (less sensitive to other load).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,21 +197,22 @@ def main(argv: list[str] | None = None) -> int:
 
     mf_version = ensure_metaflow_venv(args.venv, args.metaflow)
     pythons = {"metaflow": str(venv_python(args.venv)), "stoker": sys.executable}
-    warm_up(pythons)
     workroot = Path(tempfile.mkdtemp(prefix="stoker-bench-", dir=args.workdir))
     results = []
     try:
+        warm_up(pythons, workroot)
         for case in selected:
             res = Result(case)
             for i in range(args.repeat):
                 for tool in ("metaflow", "stoker"):
-                    seconds, err = run_tool(tool, case, pythons[tool], workroot, args.verbose)
-                    print(f"  {case.title:<28} {tool:<9} run {i + 1}: {seconds:7.2f}s"
+                    seconds, cpu, err = run_tool(tool, case, pythons[tool], workroot, args.verbose)
+                    print(f"  {case.title:<28} {tool:<9} run {i + 1}: {seconds:7.2f}s wall {cpu:7.2f}s CPU"
                           + ("  FAILED" if err else ""), flush=True)
                     if err:
                         res.failures.append(err)
                     else:
-                        getattr(res, tool).append(seconds)
+                        res.wall[tool].append(seconds)
+                        res.cpu[tool].append(cpu)
             results.append(res)
     finally:
         shutil.rmtree(workroot, ignore_errors=True)

@@ -7,8 +7,9 @@
 Recipes (one device, no FSDP needed):
   1b  Llama-3.2-1B shape, fp32 master weights and AdamW state, bf16 autocast, batch 4 x 2048 tokens.
   8b  Llama-3-8B shape, bf16 parameters, gradients and AdamW state (fp32 master weights and state would
-      need 128 GB before activations), batch 1 x 4096 tokens; on out-of-memory it retries once with full
-      activation checkpointing (recomputation is not counted as useful FLOPs, so MFU drops).
+      need 128 GB before activations), batch 1 x 4096 tokens, about 110 GB peak (fits an H200/B200); on
+      out-of-memory it retries once with full activation checkpointing (recomputation is not counted as
+      useful FLOPs, so MFU drops) and reports the error if that fails too (expect it on 80 GB GPUs).
 
 MFU = tokens/s x (6N + 12 L H Q T) / the device's dense bf16 peak (stoker.train.flops, .accelerators).
 Weights are drawn N(0, 0.02) on the device (Llama.init_weights draws on the CPU, slow for 8B, and the

@@ -5,7 +5,7 @@ from metaflow import FlowSpec, Parameter, step
 
 
 class BigArrayFlow(FlowSpec):
-    """start builds `mb` MB of random float32 values; check reads the array back and verifies a value."""
+    """start builds `mb` MB of random float32 values; check reads the whole array back and verifies it."""
 
     mb = Parameter("mb", default=512, type=int, help="array size in MB")
 
@@ -15,6 +15,7 @@ class BigArrayFlow(FlowSpec):
         self.arr = np.random.default_rng(0).random(n, dtype=np.float32)
         self.probe_index = n // 2 + 7
         self.probe_value = float(self.arr[self.probe_index])
+        self.total = float(self.arr.sum(dtype=np.float64))
         self.next(self.check)
 
     @step
@@ -22,6 +23,7 @@ class BigArrayFlow(FlowSpec):
         arr = self.arr
         assert arr.dtype == np.float32 and arr.nbytes == self.mb * 2**20, (arr.dtype, arr.nbytes)
         assert float(arr[self.probe_index]) == self.probe_value
+        assert float(arr.sum(dtype=np.float64)) == self.total  # touches every byte of the array
         print("array ok:", arr.nbytes // 2**20, "MB")
         self.next(self.end)
 

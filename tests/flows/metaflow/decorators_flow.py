@@ -7,7 +7,7 @@ from metaflow import FlowSpec, catch, current, environment, resources, retry, st
 
 
 class DecoratorsFlow(FlowSpec):
-    """A flaky step that succeeds on retry, a failing and a timing-out step that are caught, a plain one."""
+    """Flaky and hanging steps that succeed on retry, a failing and a timing-out step that are caught, a plain one."""
 
     @step
     def start(self):
@@ -19,6 +19,15 @@ class DecoratorsFlow(FlowSpec):
         self.attempt = current.retry_count
         if current.retry_count < 1:
             raise RuntimeError("transient failure")
+        self.next(self.hangs_once)
+
+    @retry(times=1, minutes_between_retries=0)
+    @timeout(seconds=1)
+    @step
+    def hangs_once(self):
+        self.hang_attempt = current.retry_count
+        if current.retry_count == 0:
+            time.sleep(30)  # the first attempt times out; the retry finishes at once
         self.next(self.failing)
 
     @catch(var="failure", print_exception=False)
