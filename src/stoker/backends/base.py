@@ -27,6 +27,7 @@ class TaskHandle(ABC):
 
     fds: tuple[int, ...] = ()
     pid: int = 0
+    exit_fd: int | None = None  # readable when the task exits (a pidfd on Linux), so the scheduler wakes at once
 
     @abstractmethod
     def poll(self) -> int | None:

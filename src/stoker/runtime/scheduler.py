@@ -212,12 +212,14 @@ class Scheduler:
         env = {"STOKER_RUN_ID": self.run_id, "STOKER_TASK_PATHSPEC": spec.pathspec}
         t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
                               self._prefix(t))
-        t.handle = self.executor.launch(spec, env, lambda: run_task(self.flow_cls, spec, self.store))
+        t.handle = self.executor.launch(spec, env, lambda: run_task(self.flow_cls, spec, self.store, self.graph))
         t.state, t.started, t.kill_at, t.stop_reason = "running", time.time(), None, None
         tmo = get_decorator(getattr(self.flow_cls, t.step), "timeout")
         t.deadline = t.started + tmo.total_seconds + 5 if tmo else None
         for fd, stream in zip(t.handle.fds, ("stdout", "stderr"), strict=False):
             self.sel.register(fd, selectors.EVENT_READ, (t, stream))
+        if t.handle.exit_fd is not None:
+            self.sel.register(t.handle.exit_fd, selectors.EVENT_READ, (t, "exit"))
         self.display.count("running")
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -259,7 +261,12 @@ class Scheduler:
     def _pump(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
             t, stream = key.data
-            self._read(t, stream, key.fd)
+            if stream == "exit":  # the task exited: stop watching; _reap collects it right away
+                self.sel.unregister(key.fd)
+                os.close(key.fd)
+                t.handle.exit_fd = None
+            else:
+                self._read(t, stream, key.fd)
 
     def _read(self, t: Task, stream: str, fd: int) -> bool:
         try:
@@ -291,6 +298,10 @@ class Scheduler:
             self._finish(t, code)
 
     def _drain(self, t: Task) -> None:
+        if t.handle.exit_fd is not None:
+            self.sel.unregister(t.handle.exit_fd)
+            os.close(t.handle.exit_fd)
+            t.handle.exit_fd = None
         for fd, stream in zip(t.handle.fds, ("stdout", "stderr"), strict=False):
             if fd in self.sel.get_map():
                 deadline = time.time() + 1.0

@@ -70,10 +70,14 @@ def _frames(spec: TaskSpec, store: BlobStore) -> list[dict]:
     return frames
 
 
-def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None = None) -> int:
-    """Execute one task attempt; return the process exit code (0 when the manifest says ok)."""
+def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None = None,
+             graph: FlowGraph | None = None) -> int:
+    """Execute one task attempt; return the process exit code (0 when the manifest says ok).
+
+    A forked task gets the scheduler's graph and store; a spawned one builds them from the spec.
+    """
     store = store or open_store(spec.store_url or None)
-    graph = FlowGraph(flow_cls)
+    graph = graph or FlowGraph(flow_cls)
     node = graph[spec.step]
     func = getattr(flow_cls, spec.step)
     started = time.time()

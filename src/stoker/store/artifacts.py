@@ -28,8 +28,6 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from stoker.errors import StoreError
 from stoker.store.blob import CHUNK, BlobStore
 
@@ -57,7 +55,7 @@ def type_name(obj: Any) -> str:
 def short_repr(obj: Any, limit: int = 80) -> str:
     """A repr short enough for a table cell; never raises."""
     try:
-        if isinstance(obj, np.ndarray):
+        if _is_ndarray(obj):
             text = f"array(shape={obj.shape}, dtype={obj.dtype})"
         elif _torch_of(obj) is not None:
             text = f"tensor(shape={list(obj.shape)}, dtype={obj.dtype}, device={obj.device})"
@@ -66,6 +64,24 @@ def short_repr(obj: Any, limit: int = 80) -> str:
     except Exception as e:  # a user __repr__ may fail
         text = f"<{type_name(obj)}: repr failed: {type(e).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _LazyNumpy:
+    """numpy, imported on first use: a flow whose artifacts hold no arrays never pays for importing it."""
+
+    def __getattr__(self, name: str) -> Any:
+        import numpy
+
+        globals()["np"] = numpy
+        return getattr(numpy, name)
+
+
+np: Any = _LazyNumpy()
+
+
+def _is_ndarray(obj: Any) -> bool:
+    numpy = sys.modules.get("numpy")  # an ndarray exists only once numpy is imported
+    return numpy is not None and isinstance(obj, numpy.ndarray)
 
 
 def _torch_of(obj: Any) -> Any:
@@ -78,7 +94,9 @@ def _torch_of(obj: Any) -> Any:
 
 # --- raw buffers -------------------------------------------------------------------------------------
 def _raw_array_ok(obj: Any) -> bool:
-    dt = getattr(obj, "dtype", None)
+    if not _is_ndarray(obj):
+        return False
+    dt = obj.dtype
     return (type(obj) in (np.ndarray, np.memmap) and not dt.hasobject and dt.fields is None
             and dt.subdtype is None and dt.itemsize > 0)
 

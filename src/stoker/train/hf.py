@@ -197,15 +197,13 @@ def full_state_dict(model_or_sd: nn.Module | Mapping[str, Any]) -> dict[str, tor
             sd = model_or_sd.state_dict()
     else:
         sd = dict(model_or_sd)
+    keep = not distributed or dist.get_rank() == 0
     out: dict[str, torch.Tensor] = {}
     for name, t in sd.items():
         if isinstance(t, DTensor):
-            t = t.full_tensor()  # collective over the tensor's mesh
-        if not isinstance(t, torch.Tensor):
-            continue
-        out[name] = t.detach().cpu()
-    if distributed and dist.get_rank() != 0:
-        return {}
+            t = t.full_tensor()  # collective over the tensor's mesh: every rank takes part
+        if keep and isinstance(t, torch.Tensor):
+            out[name] = t.detach().cpu()  # one full copy, on rank 0 only
     return out
 
 
@@ -267,6 +265,9 @@ def export_hf(model_or_state_dict: nn.Module | Mapping[str, Any], cfg: LlamaConf
     """
     import torch.distributed as dist
 
+    if tokenizer is not None and not Path(tokenizer).exists():
+        raise ConfigError(f"export: tokenizer {tokenizer} does not exist; give a tokenizer.model/tokenizer.json "
+                          "file or a folder holding them")
     sd = full_state_dict(model_or_state_dict)
     distributed = dist.is_available() and dist.is_initialized()
     if distributed and dist.get_rank() != 0:

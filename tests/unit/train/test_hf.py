@@ -197,4 +197,18 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(CheckpointError, match="unexpected parameter"):
         export_hf({**sd, "layers.0.attention.bias": torch.zeros(1)}, cfg, tmp_path / "out")
     with pytest.raises(ConfigError, match="tokenizer"):
-        export_hf(_stoker(cfg), cfg, tmp_path / "out", tokenizer=tmp_path / "nope.model")
+        export_hf(_stoker(cfg), cfg, tmp_path / "out2", tokenizer=tmp_path / "nope.model")
+    assert not (tmp_path / "out2").exists()  # checked before anything is written
+
+
+def test_every_named_config_round_trips_through_the_hf_config():
+    from stoker.train.configs import MODEL_CONFIGS
+
+    for name, cfg in MODEL_CONFIGS.items():
+        hf = to_hf_config(cfg)
+        assert from_hf_config(hf) == cfg, name
+        assert from_hf_config(json.loads(hf.to_json_string())) == cfg, name
+    hf = to_hf_config(MODEL_CONFIGS["llama3.1-8b"]).to_dict()
+    rope = hf.get("rope_parameters") or hf["rope_scaling"]
+    assert rope["rope_type"] == "llama3" and rope["factor"] == 8.0
+    assert hf["num_key_value_heads"] == 8 and hf["intermediate_size"] == 14336

@@ -24,6 +24,13 @@ from ...runtime.spec import TaskSpec
 from ..base import Capabilities, Executor, TaskHandle
 
 
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3
+        return None
+
+
 def _nonblocking(*fds: int) -> None:
     for fd in fds:
         os.set_blocking(fd, False)
@@ -32,6 +39,7 @@ def _nonblocking(*fds: int) -> None:
 class ForkHandle(TaskHandle):
     def __init__(self, pid: int, fds: tuple[int, int]) -> None:
         self.pid, self.fds, self._code = pid, fds, None
+        self.exit_fd = _pidfd(pid)
 
     def poll(self) -> int | None:
         if self._code is None:
@@ -52,6 +60,7 @@ class PopenHandle(TaskHandle):
     def __init__(self, proc: subprocess.Popen, spec_file: str) -> None:
         self.proc, self.pid, self._spec_file = proc, proc.pid, spec_file
         self.fds = (proc.stdout.fileno(), proc.stderr.fileno())  # type: ignore[union-attr]
+        self.exit_fd = _pidfd(proc.pid)
 
     def poll(self) -> int | None:
         code = self.proc.poll()
