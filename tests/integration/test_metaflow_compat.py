@@ -5,8 +5,7 @@ copies it to a temporary folder, replaces the `from metaflow import` line by `fr
 else), runs `python flow.py run ...` as a user would, and reads the results back with stoker's client, using
 Metaflow's client idioms (`Flow(name).latest_run`, `run[step].task.data.x`, `run.data.x`).
 
-Metaflow itself is not needed. Where stoker does not (yet) behave like Metaflow, the test stays, marked
-`xfail(strict=True)` with the difference as its reason.
+Metaflow itself is not needed; every behaviour asserted here was checked against Metaflow 2.19 once.
 """
 
 from __future__ import annotations
@@ -223,8 +222,6 @@ def test_retry_catch_timeout_resources_environment(shared, monkeypatch):
     assert r.data.saw_failure is True and r.data.saw_timeout is True
 
 
-@pytest.mark.xfail(strict=True, reason="Metaflow sets a @catch var to None when the step succeeds "
-                   "(CatchDecorator.task_post_step); stoker leaves it unset, so `task.data.no_failure` fails")
 def test_catch_var_is_none_when_the_step_succeeds(shared, monkeypatch):
     from stoker import Flow
 
@@ -233,8 +230,6 @@ def test_catch_var_is_none_when_the_step_succeeds(shared, monkeypatch):
     assert Flow("DecoratorsFlow").latest_run["fine"].task.data.no_failure is None
 
 
-@pytest.mark.xfail(strict=True, reason="Metaflow's MetaflowExceptionWrapper has .exception == str(exc) (the "
-                   "message) and .stacktrace; stoker's CaughtException gives 'type: message' and .traceback")
 def test_caught_exception_fields_match_metaflow(shared, monkeypatch):
     from stoker import Flow
 
@@ -261,8 +256,6 @@ def test_config_default_file(tmp_path):
     assert r.data.summary == "tiny:2:0.003"
 
 
-@pytest.mark.xfail(strict=True, reason="Metaflow takes `--config NAME PATH` as a top-level option "
-                   "(`python flow.py --config cfg other.json run`); stoker's parser accepts --config only after `run`")
 def test_config_file_from_metaflow_command_line(tmp_path):
     from stoker import Flow
 
@@ -272,8 +265,6 @@ def test_config_file_from_metaflow_command_line(tmp_path):
 
 
 # -- command-line names -------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="Metaflow names a parameter's option verbatim (`--num_items`, "
-                   "parameters.py: click.Option(('--' + arg.name,))); stoker only accepts `--num-items`")
 def test_underscore_parameter_option(tmp_path):
     from stoker import Flow
 
@@ -281,8 +272,6 @@ def test_underscore_parameter_option(tmp_path):
     assert Flow("CliNamesFlow").latest_run["start"].task.data.doubled == 10
 
 
-@pytest.mark.xfail(strict=True, reason="Metaflow splits a Parameter(separator=',') value into a list "
-                   "(flowspec.py: val.split(param.separator)); stoker ignores separator= and keeps the string")
 def test_parameter_separator(tmp_path):
     from stoker import Flow
 
@@ -290,8 +279,6 @@ def test_parameter_separator(tmp_path):
     assert Flow("CliNamesFlow").latest_run["start"].task.data.name_list == ["a", "b", "c"]
 
 
-@pytest.mark.xfail(strict=True, reason="Metaflow calls a callable Parameter default with a ParameterContext "
-                   "(flow_name, user_name, parameter_name, ...); stoker calls it with no argument (TypeError)")
 def test_callable_parameter_default_gets_a_context(tmp_path):
     from stoker import Flow
 
@@ -320,9 +307,6 @@ def test_resume_with_origin_run_id(tmp_path):
     assert r.data.origin == first  # current.origin_run_id
 
 
-@pytest.mark.xfail(strict=True, reason="Metaflow's `resume STEP` reruns from that step of the latest run "
-                   "(run_cmds.py: click.argument('step-to-rerun')); stoker reads the positional argument as a run id "
-                   "and has --step for the step")
 def test_resume_from_a_step_metaflow_syntax(tmp_path):
     from stoker import Flow
 

@@ -42,14 +42,16 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
             continue
         kind = "file" if isinstance(p, IncludeFile) else getattr(p.type, "__name__", getattr(p.type, "name", ""))
         help_ = f"{p.help} ({kind}" + (f", default {p.default!r})" if p.show_default and p.default is not _MISSING else ")")
+        names = [f"--{p.cli_name}"] + ([f"--{p.name}"] if p.name != p.cli_name else [])  # Metaflow: verbatim
         if p.type is bool:
-            run.add_argument(f"--{p.cli_name}", dest=f"param__{p.name}", nargs="?", const="true", help=help_)
+            run.add_argument(*names, dest=f"param__{p.name}", nargs="?", const="true", help=help_)
             run.add_argument(f"--no-{p.cli_name}", dest=f"param__{p.name}", action="store_const", const="false",
                              help=argparse.SUPPRESS)
         else:
-            run.add_argument(f"--{p.cli_name}", dest=f"param__{p.name}", help=help_)
+            run.add_argument(*names, dest=f"param__{p.name}", help=help_)
     res = sub.add_parser("resume", help="re-run a failed run from its failed steps, reusing what succeeded")
-    res.add_argument("run_id", nargs="?", help="the run to resume (default: the latest run)")
+    res.add_argument("run_id", nargs="?", help="the run to resume (default: the latest run), or, as in Metaflow, "
+                     "a step to run again from")
     res.add_argument("--origin-run-id", dest="origin", help="same as RUN_ID (Metaflow's spelling)")
     res.add_argument("--step", help="run this step and everything after it again, even if it succeeded")
     _common(res)
@@ -63,7 +65,24 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
     return ap
 
 
+COMMANDS = ("run", "resume", "check", "show", "logs", "_task")
+
+
+def _move_top_config(argv: list[str]) -> list[str]:
+    """Metaflow's `python flow.py --config NAME PATH run ...` -> `run --config NAME PATH ...`."""
+    if "--config" not in argv:
+        return argv
+    i = argv.index("--config")
+    cmd = next((j for j, a in enumerate(argv) if a in COMMANDS), None)
+    if cmd is None or cmd < i:
+        return argv
+    vals = argv[i + 1:cmd]
+    rest = argv[:i] + argv[cmd:cmd + 1] + ["--config", *vals[:2]] + vals[2:] + argv[cmd + 1:]
+    return rest
+
+
 def _split_compat(argv: list[str]) -> list[str]:
+    argv = _move_top_config(argv)
     out, skip = [], False
     for i, a in enumerate(argv):
         if skip:
@@ -132,7 +151,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     executor = LocalExecutor(flow_file=sys.argv[0])
     with_specs = list(args.global_with) + list(args.with_)
     if args.command == "run":
-        configs = _configs(args.config)
+        configs = _configs(list(args.config))
         cfg_names = [p.name for p in flow_cls._run_inputs().values() if isinstance(p, Config)]
         if "__single__" in configs:
             if len(cfg_names) != 1:
@@ -147,10 +166,12 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         from ..store.metadata import MetadataDB
         from ..store.paths import default_db_path
 
+        graph = FlowGraph(flow_cls)
+        if args.run_id and args.run_id in graph and not args.step:  # Metaflow's `resume STEP`
+            args.step, args.run_id = args.run_id, None
         origin = args.run_id or args.origin or latest_run_id(MetadataDB(default_db_path()), flow_cls.__name__)
         rerun: set[str] = set()
         if args.step:
-            graph = FlowGraph(flow_cls)
             if args.step not in graph:
                 raise ConfigError(f"resume --step {args.step}: the flow has no such step ({', '.join(graph.nodes)})")
             rerun = _downstream(graph, args.step)

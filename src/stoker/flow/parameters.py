@@ -6,11 +6,12 @@ and read in every step as `self.<attribute>` (read-only).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError
 
@@ -45,8 +46,27 @@ def _parse_bool(value: Any) -> bool:
     raise ValueError(f"{value!r} is not a boolean (use true/false)")
 
 
+class ParameterContext(NamedTuple):
+    """What a callable default receives (Metaflow's ParameterContext)."""
+
+    flow_name: str
+    user_name: str
+    parameter_name: str
+    logger: Callable[..., None] = print
+    ds_type: str = "local"
+    configs: Any = None
+
+
+def _call_default(fn: Callable[..., Any], ctx: ParameterContext | None) -> Any:
+    try:
+        takes_arg = len(inspect.signature(fn).parameters) > 0
+    except (TypeError, ValueError):
+        takes_arg = False
+    return fn(ctx) if takes_arg else fn()
+
+
 class Parameter:
-    """A run parameter, given on the command line as `--name value`."""
+    """A run parameter, given on the command line as `--name value` (or `--name-with-dashes`)."""
 
     IS_RUN_INPUT = True
 
@@ -58,16 +78,18 @@ class Parameter:
         help: str | None = None,  # noqa: A002
         required: bool = False,
         show_default: bool = True,
+        separator: str | None = None,
         **_ignored: Any,
     ) -> None:
         self.name = name
+        self.separator = separator
         self.default = default
         self.help = help or ""
         self.required = required
         self.show_default = show_default
         if type is None:
-            d = default() if callable(default) and default is not _MISSING else default
-            type = builtins_type(d) if d not in (_MISSING, None) else str
+            type = builtins_type(default) if default is not _MISSING and default is not None \
+                and not callable(default) else str
         self.type = type
 
     @property
@@ -75,6 +97,11 @@ class Parameter:
         return self.name.replace("_", "-")
 
     def convert(self, raw: Any) -> Any:
+        if self.separator and isinstance(raw, str):
+            return [self._convert_one(v) for v in raw.split(self.separator)]
+        return self._convert_one(raw)
+
+    def _convert_one(self, raw: Any) -> Any:
         try:
             if self.type is bool:
                 return _parse_bool(raw)
@@ -87,7 +114,7 @@ class Parameter:
             tname = getattr(self.type, "__name__", getattr(self.type, "name", str(self.type)))
             raise ConfigError(f"parameter --{self.cli_name}: {raw!r} is not a valid {tname} ({e})") from None
 
-    def resolve(self, given: Any = _MISSING) -> Any:
+    def resolve(self, given: Any = _MISSING, ctx: ParameterContext | None = None) -> Any:
         """The value for a run: the CLI value, else the default, else an error when required."""
         if given is not _MISSING and given is not None:
             return self.convert(given)
@@ -95,7 +122,14 @@ class Parameter:
             if self.required:
                 raise ConfigError(f"parameter --{self.cli_name} is required: pass --{self.cli_name} VALUE to run")
             return None
-        d = self.default() if callable(self.default) else self.default
+        if callable(self.default) and not isinstance(self.default, type):
+            try:
+                d = _call_default(self.default, ctx)
+            except Exception as e:  # noqa: BLE001 - the user's function
+                raise ConfigError(f"the default of parameter --{self.cli_name} raised {type(e).__name__}: {e}; "
+                                  f"fix the function or pass --{self.cli_name} VALUE") from None
+        else:
+            d = self.default
         return self.convert(d) if d is not None else None
 
     def __repr__(self) -> str:
@@ -236,8 +270,8 @@ class IncludeFile(Parameter):
         self.is_text = is_text
         self.encoding = encoding
 
-    def resolve(self, given: Any = _MISSING) -> Any:
-        path = super().resolve(given)
+    def resolve(self, given: Any = _MISSING, ctx: ParameterContext | None = None) -> Any:
+        path = super().resolve(given, ctx)
         if path is None:
             return None
         p = Path(path)

@@ -13,7 +13,7 @@ from ..backends.base import Executor
 from ..errors import ConfigError, StokerError
 from ..flow.decorators import apply_with
 from ..flow.graph import FlowGraph, lint
-from ..flow.parameters import _MISSING, Config
+from ..flow.parameters import _MISSING, Config, ParameterContext
 from ..store.artifacts import save_artifact
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import list_manifests, read_run_record, write_run_record
@@ -47,11 +47,13 @@ def resolve_run_inputs(flow_cls: type, given: dict[str, Any], config_paths: dict
         else:
             raise ConfigError(f"--set {dotted}: start the key with the config name "
                               f"({', '.join(by_cfg) or 'the flow has no Config'})")
-    for attr, p in inputs.items():
+    for attr, p in sorted(inputs.items(), key=lambda kv: not isinstance(kv[1], Config)):  # configs first
         if isinstance(p, Config):
             values[attr] = p.resolve(config_paths.get(p.name), by_cfg[p.name], base_dir)
         else:
-            values[attr] = p.resolve(given.get(p.name, _MISSING))
+            ctx = ParameterContext(flow_name=flow_cls.__name__, user_name=current_user(), parameter_name=p.name,
+                                   configs={k: v for k, v in values.items() if isinstance(inputs[k], Config)})
+            values[attr] = p.resolve(given.get(p.name, _MISSING), ctx)
     return values
 
 

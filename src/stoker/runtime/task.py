@@ -38,7 +38,8 @@ class CaughtException:
         self.message = str(exc)
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
-    exception = property(lambda self: f"{self.type}: {self.message}")
+    exception = property(lambda self: self.message)  # Metaflow's MetaflowExceptionWrapper fields
+    stacktrace = property(lambda self: self.traceback)
 
     def __repr__(self) -> str:
         return f"CaughtException({self.type}: {self.message})"
@@ -127,6 +128,9 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     try:
         with _timeout(func):
             call()
+        catch = get_decorator(func, "catch")
+        if catch and catch.attributes["var"] and catch.attributes["var"] not in flow.__dict__:
+            object.__setattr__(flow, catch.attributes["var"], None)  # as Metaflow: None when nothing failed
         manifest["next"] = _check_transition(flow, node, graph)
     except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
         catch = get_decorator(func, "catch")
