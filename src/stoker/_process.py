@@ -7,8 +7,6 @@ import os
 import signal
 import sys
 
-import psutil
-
 _PR_SET_PDEATHSIG = 1
 
 
@@ -21,12 +19,17 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
             pass
 
 
-def signal_tree(pid: int, sig: int) -> None:
-    """Signal a task's process group and every descendant (torchrun workers may start sessions of their own)."""
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        kids = []
+def signal_tree(pid: int, sig: int, tree: bool = True) -> None:
+    """Signal a task's process group and (tree=True) every descendant: torchrun workers may start sessions
+    of their own. After the task process has exited only its group is left to signal."""
+    kids: list = []
+    if tree:
+        import psutil
+
+        try:
+            kids = psutil.Process(pid).children(recursive=True)
+        except Exception:  # noqa: BLE001 - psutil.Error: already gone
+            pass
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -34,5 +37,5 @@ def signal_tree(pid: int, sig: int) -> None:
     for k in kids:
         try:
             k.send_signal(sig)
-        except psutil.Error:
+        except Exception:  # noqa: BLE001 - psutil.Error: already gone
             pass

@@ -34,8 +34,8 @@ class TaskHandle(ABC):
         """Exit code when finished (negative: killed by that signal), else None."""
 
     @abstractmethod
-    def signal(self, sig: int) -> None:
-        """Send a signal to the whole task (its process group)."""
+    def signal(self, sig: int, tree: bool = True) -> None:
+        """Send a signal to the whole task: its process group and, with tree=True, all its descendants."""
 
 
 class Executor(ABC):

@@ -7,9 +7,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
-from rich.text import Text
-
 from ..errors import StokerError
 
 
@@ -17,6 +14,9 @@ def run_cli(fn: Callable[[], int | None]) -> Any:
     try:
         code = fn()
     except StokerError as e:
+        from rich.console import Console
+        from rich.text import Text
+
         Console(stderr=True, highlight=False).print(Text("error: ", style="bold red") + Text(str(e)),
                                                     soft_wrap=True)
         if os.environ.get("STOKER_DEBUG"):

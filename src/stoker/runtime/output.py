@@ -7,11 +7,7 @@ import sys
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import IO
-
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
+from typing import IO, Any
 
 STYLES = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
 
@@ -51,39 +47,55 @@ class TaskOutput:
 
 
 class Display:
-    """Prints prefixed task lines; on a terminal also keeps a one-line progress summary at the bottom."""
+    """Prints prefixed task lines. On a terminal (rich) lines are coloured by step and a one-line progress
+    summary stays at the bottom; elsewhere (CI, files, pipes) lines are plain and rich is never imported."""
 
-    def __init__(self, run_label: str, quiet: bool = False, console: Console | None = None) -> None:
-        self.console = console or Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    def __init__(self, run_label: str, quiet: bool = False, console: Any = None) -> None:
         self.quiet = quiet
         self.run_label = run_label
         self.counts: Counter[str] = Counter()
         self.started = time.time()
         self._styles: dict[str, str] = {}
-        interactive = self.console.is_terminal and not os.environ.get("CI")
-        self.live = Live(self._summary(), console=self.console, auto_refresh=False,
-                         transient=True) if interactive and not quiet else None
-        if self.live:
-            self.live.start()
         self._last = 0.0
+        self.console = console
+        self.live = None
+        if console is None and sys.stdout.isatty() and not os.environ.get("CI"):
+            from rich.console import Console
+            from rich.live import Live
+
+            self.console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+            if not quiet:
+                self.live = Live(self._summary(), console=self.console, auto_refresh=False, transient=True)
+                self.live.start()
 
     def _style(self, step: str) -> str:
         return self._styles.setdefault(step, STYLES[len(self._styles) % len(STYLES)])
 
-    def line(self, step: str, prefix: str, text: str, stream: str = "stdout") -> None:
-        if self.quiet:
+    def _emit(self, parts: list[tuple[str, str]]) -> None:
+        if self.console is None:
+            sys.stdout.write("".join(text for text, _ in parts) + "\n")
+            sys.stdout.flush()
             return
-        t = Text(f"[{prefix}] ", style=self._style(step))
-        t.append(text, style="red" if stream == "stderr" else "")
+        from rich.text import Text
+
+        t = Text()
+        for text, style in parts:
+            t.append(text, style=style)
         self.console.print(t)
 
+    def line(self, step: str, prefix: str, text: str, stream: str = "stdout") -> None:
+        if not self.quiet:
+            self._emit([(f"[{prefix}] ", self._style(step)), (text, "red" if stream == "stderr" else "")])
+
     def info(self, text: str, style: str = "") -> None:
-        self.console.print(Text(text, style=style))
+        self._emit([(text, style)])
 
     def count(self, state: str, delta: int = 1) -> None:
         self.counts[state] += delta
 
-    def _summary(self) -> Text:
+    def _summary(self) -> Any:
+        from rich.text import Text
+
         c = self.counts
         return Text(f"{self.run_label}: {c['running']} running · {c['done']} done · {c['failed']} failed · "
                     f"{time.time() - self.started:.0f}s", style="dim")

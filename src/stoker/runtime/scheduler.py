@@ -293,7 +293,7 @@ class Scheduler:
                 elif t.kill_at and now > t.kill_at:
                     t.handle.signal(signal.SIGKILL)
                 continue
-            t.handle.signal(signal.SIGKILL)  # stragglers in its process group
+            t.handle.signal(signal.SIGKILL, tree=False)  # stragglers left in its process group
             self._drain(t)
             self._finish(t, code)
 

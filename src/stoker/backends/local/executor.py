@@ -17,8 +17,6 @@ import tempfile
 import traceback
 from collections.abc import Callable
 
-import psutil
-
 from ..._process import die_with_parent, signal_tree
 from ...runtime.spec import TaskSpec
 from ..base import Capabilities, Executor, TaskHandle
@@ -52,8 +50,8 @@ class ForkHandle(TaskHandle):
                 self._code = os.waitstatus_to_exitcode(status)
         return self._code
 
-    def signal(self, sig: int) -> None:
-        signal_tree(self.pid, sig)
+    def signal(self, sig: int, tree: bool = True) -> None:
+        signal_tree(self.pid, sig, tree)
 
 
 class PopenHandle(TaskHandle):
@@ -68,8 +66,8 @@ class PopenHandle(TaskHandle):
             os.unlink(self._spec_file)
         return code
 
-    def signal(self, sig: int) -> None:
-        signal_tree(self.proc.pid, sig)
+    def signal(self, sig: int, tree: bool = True) -> None:
+        signal_tree(self.proc.pid, sig, tree)
 
 
 class LocalExecutor(Executor):
@@ -83,8 +81,8 @@ class LocalExecutor(Executor):
     def capabilities(self) -> Capabilities:
         from ...monitor.host import local_gpu_count
 
-        return Capabilities(multi_node=True, gpus=local_gpu_count(), cpus=os.cpu_count() or 1,
-                            memory_mb=psutil.virtual_memory().total / 2**20,
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+        return Capabilities(multi_node=True, gpus=local_gpu_count(), cpus=os.cpu_count() or 1, memory_mb=memory_mb,
                             notes=["gang nodes share this machine; rendezvous on 127.0.0.1"])
 
     def launch(self, spec: TaskSpec, env: dict[str, str], entry: Callable[[], int]) -> TaskHandle:
