@@ -41,8 +41,73 @@ def local_path(url: str) -> Path:
     return Path(url[len("file://"):] if url.startswith("file://") else url).expanduser().resolve()
 
 
+class S3Files:
+    """The few filesystem calls a dataset needs, on S3 through boto3 (no s3fs needed). Paths are
+    ``bucket/key``; the client honours ``$STOKER_S3_ENDPOINT_URL`` (MinIO, moto, ...) like the blob store."""
+
+    def __init__(self, client=None) -> None:
+        if client is None:
+            try:
+                import boto3
+            except ImportError:
+                raise DataError("s3:// datasets need boto3: pip install 'stoker[aws]'") from None
+            client = boto3.client("s3", endpoint_url=os.environ.get("STOKER_S3_ENDPOINT_URL") or None)
+        self.client = client
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str]:
+        bucket, _, key = path.partition("/")
+        return bucket, key
+
+    def _call(self, what: str, path: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if type(exc).__module__.startswith(("botocore", "boto3", "s3transfer")):
+                raise DataError(f"s3://{path}: {what} failed ({exc}); check the bucket exists, your AWS "
+                                "credentials, and STOKER_S3_ENDPOINT_URL for an S3-compatible server") from None
+            raise
+
+    def exists(self, path: str) -> bool:
+        bucket, key = self._split(path)
+        try:
+            self.client.head_object(Bucket=bucket, Key=key)
+            return True
+        except Exception as exc:
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return False
+            return self._call("checking", path, self._raise, exc)
+
+    @staticmethod
+    def _raise(exc: Exception):
+        raise exc
+
+    def read_text(self, path: str) -> str:
+        bucket, key = self._split(path)
+        body = self._call("reading", path, self.client.get_object, Bucket=bucket, Key=key)["Body"]
+        return body.read().decode()
+
+    def put_file(self, local: str, path: str) -> None:
+        bucket, key = self._split(path)
+        self._call("uploading", path, self.client.upload_file, local, bucket, key)
+
+    def get_file(self, path: str, local: str) -> None:
+        bucket, key = self._split(path)
+        self._call("downloading", path, self.client.download_file, bucket, key, local)
+
+    def rm(self, path: str) -> None:
+        bucket, key = self._split(path)
+        self._call("deleting", path, self.client.delete_object, Bucket=bucket, Key=key)
+
+    def makedirs(self, path: str, exist_ok: bool = True) -> None:
+        """Object stores have no folders."""
+
+
 def filesystem(url: str):
-    """(fsspec filesystem, path within it) for a remote URL."""
+    """(filesystem, path within it) for a remote URL: boto3 for ``s3://``, fsspec for the rest."""
+    if url.startswith("s3://"):
+        return S3Files(), url[len("s3://"):].rstrip("/")
     try:
         import fsspec
 
@@ -111,8 +176,8 @@ def read_manifest(url: str) -> dict | None:
         where = f"{root}/{MANIFEST}"
         if not fs.exists(where):
             return None
-        with fs.open(where, "r") as f:
-            return parse_manifest(f.read(), f"{url.rstrip('/')}/{MANIFEST}")
+        text = fs.read_text(where) if isinstance(fs, S3Files) else fs.cat_file(where).decode()
+        return parse_manifest(text, f"{url.rstrip('/')}/{MANIFEST}")
     path = local_path(url) / MANIFEST
     if not path.is_file():
         return None

@@ -133,6 +133,19 @@ def _get(q: queue.Queue, stage: _Stage):
                     return _END
 
 
+def _send(q: queue.Queue, item, stage: _Stage) -> None:
+    """Hand ``item`` to a stage; raise its exception if it died instead of waiting forever."""
+    while stage.is_alive():
+        try:
+            q.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+    if stage.error is not None:
+        raise stage.error
+    raise DataError("the shard writer stopped unexpectedly; run prepare again")
+
+
 class _Progress:
     """Rich progress line with documents/s and tokens/s (a no-op when disabled)."""
 
@@ -315,21 +328,15 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
             doc_index += len(batch)
             item = {n: (np.concatenate(parts), counts[n]) for n, parts in per_split.items() if parts}
             ntok = sum(len(a) for a, _ in item.values())
-            while writer.is_alive():
-                try:
-                    write_q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if writer.error is not None:
-                raise writer.error
+            _send(write_q, item, writer)
             progress.update(len(batch), ntok)
-        _put(write_q, _END, stop)
+        _send(write_q, _END, writer)
         writer.join()
         if writer.error is not None:
             raise writer.error
     except BaseException:
         stop.set()
+        writer.join()  # it finishes its current item and stops: nothing writes into staging after this
         for w in writers.values():
             w.abort()
         raise

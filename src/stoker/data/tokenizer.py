@@ -216,7 +216,7 @@ def resolve_tokenizer_path(spec: str | os.PathLike) -> tuple[Path, str]:
     if text in BUILTIN:
         package, relative, pip_name = BUILTIN[text]
         return _package_file(package, relative, pip_name), text
-    path = Path(text).expanduser()
+    path = Path(text).expanduser().resolve()
     if path.is_dir():
         for candidate in ("tokenizer.model", "tokenizer.json", *sorted(p.name for p in path.glob("*.tiktoken"))):
             if (path / candidate).is_file():

@@ -173,3 +173,76 @@ def test_concurrent_prepares_share_one_commit(tmp_path, jsonl_file):
     assert [p.returncode for p in procs] == [0, 0], outs
     assert outs[0][0] == outs[1][0]
     assert [p.name for p in (tmp_path / "home" / "datasets").iterdir()] == [os.path.basename(outs[0][0].strip())]
+
+
+def test_large_vocabulary_uses_uint32(tmp_path, jsonl_file, docs):
+    """A tiktoken vocabulary of 70k+ ids: ids above 65535 occur and survive in uint32 shards."""
+    import base64
+    import itertools
+
+    tokens = [bytes([b]) for b in range(256)]
+    tokens += [b"\xff\xfe" + bytes(p) for p in itertools.islice(itertools.product(range(256), repeat=2), 70000)]
+    letters = b"abcdefghijklmnopqrstuvwxyz "
+    tokens += [bytes([a, b]) for a in letters for b in letters]  # common pairs get ids > 70000
+    path = tmp_path / "big.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(tokens)))
+    tok = load_tokenizer(path)
+    assert tok.vocab_size == len(tokens) + 1 > 65536
+    ref = prepare(str(jsonl_file), tokenizer=str(path), block_size=64, val_fraction=0, output=str(tmp_path / "o"))
+    assert ref.manifest["dtype"] == "uint32"
+    got = read_split(ref, "train")
+    assert max(got) > 65535
+    assert got == expected_streams(docs, tok, 0)["train"][:len(got)]
+
+
+@pytest.mark.slow
+def test_s3_output_against_loopback_server(tmp_path, jsonl_file, monkeypatch):
+    """prepare -> s3:// (a real S3 API server on loopback, moto) -> open_dataset downloads and verifies."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        for var, value in {"STOKER_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
+                           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(var, value)
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        s3.create_bucket(Bucket="data")
+        ref = prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://data/ds/shk")
+        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="data")["Contents"])
+        assert keys == ["ds/shk/manifest.json", "ds/shk/train/shard-00000.bin"]
+        ds = open_dataset("s3://data/ds/shk", verify="full")
+        local = prepare(str(jsonl_file), block_size=32, val_fraction=0, output=str(tmp_path / "l"))
+        assert len(ds) == len(open_dataset(local)) and np.array_equal(ds[2], open_dataset(local)[2])
+        again = prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://data/ds/shk")
+        assert again.fingerprint == ref.fingerprint  # cache hit on the object store
+        with pytest.raises(DataError, match="s3://nobucket/x.*failed.*bucket exists"):
+            prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://nobucket/x")
+    finally:
+        server.stop()
+
+
+def test_interrupted_prepare_leaves_nothing(tmp_path, docs):
+    """Ctrl-C half way (after shards were written) removes the staging folder; nothing is committed."""
+    from stoker.data.sources import Source
+
+    class Interrupted(Source):
+        def describe(self):
+            return {"kind": "test-interrupted"}
+
+        def documents(self):
+            for _ in range(30):
+                yield from docs
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(Interrupted(), block_size=16, batch_chars=2000, shard_mb=0.001)
+    home = tmp_path / "stoker_home" / "datasets"
+    assert not home.exists() or list(home.iterdir()) == []
