@@ -18,9 +18,13 @@ from stoker.errors import ConfigError, StokerError
 log = logging.getLogger("stoker.train")
 
 
+RESULT_FILE: list[str] = []  # --result-file PATH: rank 0 also writes the result JSON there (flows read it)
+
+
 def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool]:
     """(config path, overrides, print_config) from the command line."""
     config, overrides, print_config = None, [], False
+    RESULT_FILE.clear()
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -41,6 +45,8 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool]:
         i += 1
         if key == "config":
             config = value
+        elif key == "result-file":
+            RESULT_FILE.append(value)
         elif key == "set":
             overrides.append(value)
         else:
@@ -69,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         result.pop("config", None)
         print(json.dumps(result))
+        for path in RESULT_FILE:
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, path)
     return 0
 
 
