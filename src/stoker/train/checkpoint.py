@@ -167,8 +167,8 @@ class Checkpointer:
         _barrier()
         writer = self._writer(self.store.url(tmp))
         start = time.perf_counter()
-        if self.async_save and dist.is_initialized():
-            if self._async_group is None:
+        if self.async_save:
+            if self._async_group is None and dist.is_initialized():
                 self._async_group = dist.new_group(backend="gloo")  # keep checkpoint traffic off the training group
             future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
             self._pending = (future, step, tmp)
@@ -194,7 +194,7 @@ class Checkpointer:
     def _writer(self, url: str) -> Any:
         if self.store.local:
             return dcp.FileSystemWriter(self.store.fs._strip_protocol(url))
-        from torch.distributed.checkpoint import FsspecWriter
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         return FsspecWriter(url)
 
@@ -281,7 +281,7 @@ class Checkpointer:
         if store.local:
             reader: Any = dcp.FileSystemReader(store.fs._strip_protocol(store.url(name)))
         else:
-            from torch.distributed.checkpoint import FsspecReader
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
             reader = FsspecReader(store.url(name))
         try:

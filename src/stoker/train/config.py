@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from stoker.errors import ConfigError
 from stoker.train.configs import get_model_config
@@ -23,6 +24,7 @@ class ModelSection:
 
     name: str = "tiny"
     overrides: dict[str, Any] = field(default_factory=dict)
+    init_from: str = ""  # start from these weights: a Hugging Face folder or a stoker checkpoint (fine-tuning)
 
     def __post_init__(self) -> None:
         self.resolve()  # validates the name and the overrides now
@@ -154,7 +156,15 @@ ALIASES = {
 
 def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
     """Build a validated :class:`TrainConfig` from nested dicts (TOML layout)."""
-    raw = dict(raw)
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for key in list(raw):  # flat aliases: {"data": url, "steps": 200, "checkpoint_dir": ...}
+        if key in ALIASES and not isinstance(raw[key], dict) and not dataclasses.is_dataclass(raw[key]):
+            section, name = ALIASES[key].split(".")
+            value = raw.pop(key)
+            target = raw.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{source}: {key!r} and [{section}] given as an object; use one form")
+            target[name] = value
     kwargs: dict[str, Any] = {}
     if "out_dir" in raw:
         kwargs["out_dir"] = str(raw.pop("out_dir"))
@@ -166,7 +176,8 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
         overrides = dict(model.pop("overrides", {}) or {})
         overrides.update(model)
         name = overrides.pop("name", "tiny")
-        kwargs["model"] = ModelSection(name=name, overrides=overrides)
+        init_from = str(overrides.pop("init_from", ""))
+        kwargs["model"] = ModelSection(name=name, overrides=overrides, init_from=init_from)
     for key, value in raw.items():
         cls = _SECTIONS.get(key)
         if cls is None:

@@ -253,7 +253,8 @@ class Llama(nn.Module):
             values = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, s, generator=gen)
             values.clamp_(-3 * s, 3 * s)
             if isinstance(p, DTensor):
-                values = distribute_tensor(values, p.device_mesh, p.placements)
+                # every rank drew the same full tensor: each keeps its shard, no communication
+                values = distribute_tensor(values, p.device_mesh, p.placements, src_data_rank=None)
             p.copy_(values.to(device=p.device, dtype=p.dtype))
 
         normal_(self.tok_embeddings.weight, 1.0 if not self.cfg.tie_embeddings else std)

@@ -45,7 +45,19 @@ def build_optimizer(
     groups = param_groups(model, weight_decay)
     if zero1_group is not None and dp_size > 1:
         return Zero1AdamW(groups, lr=lr, betas=betas, eps=eps, dp_group=zero1_group, dp_rank=dp_rank, dp_size=dp_size)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    params = [p for g in groups for p in g["params"]]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(params))
+
+
+def adamw_kernel(params: list[torch.Tensor]) -> dict[str, bool]:
+    """``fused=True`` (one kernel for all parameters) where torch has it: plain fp32/bf16 tensors on CPU
+    or CUDA. DTensors (TP/FSDP) use torch's default multi-tensor path."""
+    ok = bool(params) and all(
+        not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") and p.numel() > 0
+        and p.dtype in (torch.float32, torch.bfloat16)
+        for p in params
+    )
+    return {"fused": True} if ok else {}
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup: int, total: int, schedule: str) -> float:
@@ -87,6 +99,17 @@ class LRSchedule:
 
 
 @torch.no_grad()
+def align_grads(model: nn.Module) -> None:
+    """Give every DTensor gradient its parameter's placements. Autograd may hand back another layout
+    (the vocab-sharded embedding gets a replicated gradient, sequence-parallel norms a partial one);
+    sharded optimizers, the data-parallel all-reduce and the norm all need the parameter's layout."""
+    for p in _unique_params(model):
+        g = p.grad
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+            p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+@torch.no_grad()
 def allreduce_grads(model: nn.Module, group: dist.ProcessGroup, size: int) -> None:
     """Average gradients over a data-parallel group, in flat buckets (gloo has no AVG: sum, divide)."""
     grads = [local_tensor(p.grad) for p in _unique_params(model) if p.grad is not None]
@@ -125,9 +148,8 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
         if g is None:
             continue
         if isinstance(g, DTensor):
-            if any(pl.is_partial() for pl in g.placements):
-                g = g.redistribute(placements=p.placements)
-                p.grad = g
+            if isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+                g = p.grad = g.redistribute(p.device_mesh, p.placements)
             dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
             key, mesh = (id(g.device_mesh), dims), g.device_mesh
         else:

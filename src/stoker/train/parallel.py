@@ -7,6 +7,7 @@ Data parallelism comes in two flavours (``dp_mode``):
   AdamW state sharded (:mod:`stoker.train.zero`); combines with TP on a 2-D ``(dp, tp)`` mesh.
 * ``fsdp`` - FSDP2 ``fully_shard`` per transformer block and at the root (parameters, gradients and
   optimizer state sharded); also combines with TP.
+* ``ddp`` - plain data parallel: gradients all-reduced, every rank keeps the whole optimizer state.
 
 Precision: parameters (the master weights) and optimizer state stay fp32; ``bf16`` computes in
 bfloat16 (FSDP2's ``MixedPrecisionPolicy`` with fp32 gradient reduction, otherwise autocast).
@@ -28,7 +29,7 @@ from stoker.train.model import Llama, LlamaConfig
 
 log = logging.getLogger(__name__)
 
-DP_MODES = ("zero1", "fsdp")
+DP_MODES = ("zero1", "fsdp", "ddp")
 AC_MODES = ("none", "full", "selective")
 PRECISIONS = ("fp32", "bf16")
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,13 +29,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from stoker.errors import ConfigError, DataError, TrainingError
+from stoker.errors import CheckpointError, ConfigError, DataError, TrainingError
 from stoker.train.checkpoint import Checkpointer, resolve_resume, rng_state, set_rng_state
 from stoker.train.config import TrainConfig, as_config
 from stoker.train.data_source import make_loader, open_training_data
 from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
-from stoker.train.optim import LRSchedule, allreduce_grads, build_optimizer, clip_grad_norm
+from stoker.train.optim import LRSchedule, align_grads, allreduce_grads, build_optimizer, clip_grad_norm
 from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
 from stoker.train.zero import Zero1AdamW
 
@@ -85,14 +87,34 @@ class Trainer:
             raise ConfigError(f"parallel.precision=bf16 is not supported on {self.acc.name}; use fp32")
 
         self.dims.build_mesh(self.acc.device_type)
+        fingerprint = {"model": self.model_cfg.to_dict(), "dp": self.dims.dp, "tp": self.dims.tp,
+                       "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
+        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint.keep,
+                                         async_save=cfg.checkpoint.async_save, fingerprint=fingerprint,
+                                         config=cfg.to_dict())
+        self.resumed_from = resolve_resume(self.checkpointer, resume_from or cfg.checkpoint.resume_from,
+                                           cfg.checkpoint.resume)
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
-        with torch.device(self.device):
-            model = Llama(self.model_cfg)
-        model.init_weights(t.seed)
         self.fsdp = uses_fsdp(self.dims, cfg.parallel)
+        init_from = cfg.model.init_from if not self.resumed_from else ""
+        # sharded runs build on the meta device and materialize only each rank's shards (a 70B model
+        # never exists whole on one rank); tied embeddings and init_from take the whole-model path
+        meta = (self.world_size > 1 and (self.dims.tp_enabled or self.fsdp) and not self.model_cfg.tie_embeddings
+                and not init_from)
+        with torch.device("meta" if meta else self.device):
+            model = Llama(self.model_cfg)
+        if not meta:
+            model.init_weights(t.seed)
+            if init_from:
+                load_initial_weights(model, init_from)
+        if self.rank == 0:
+            _write_run_config(cfg, self.model_cfg)
         self.model = parallelize(model, self.dims, cfg.parallel)
+        if meta:
+            self.model.to_empty(device=self.device)
+            model.init_weights(t.seed, buffer_device=self.device)  # same values as the whole-model path
         self.zero1 = cfg.parallel.dp_mode == "zero1" and self.dims.dp_enabled
         mesh = self.dims.mesh
         self.dp_group = mesh["dp"].get_group() if mesh is not None and self.dims.dp_enabled else None
@@ -105,13 +127,6 @@ class Trainer:
         self.loader = make_loader(self.dataset, batch_size=t.micro_batch_size, dp_rank=self.dims.dp_rank,
                                   dp_size=self.dims.dp, seed=t.seed, shuffle=cfg.data.shuffle)
         self.step = 0
-        fingerprint = {"model": self.model_cfg.to_dict(), "dp": self.dims.dp, "tp": self.dims.tp,
-                       "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
-        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint.keep,
-                                         async_save=cfg.checkpoint.async_save, fingerprint=fingerprint,
-                                         config=cfg.to_dict())
-        self.resumed_from = resolve_resume(self.checkpointer, resume_from or cfg.checkpoint.resume_from,
-                                           cfg.checkpoint.resume)
         if self.resumed_from:
             self.load(self.resumed_from)
 
@@ -173,9 +188,10 @@ class Trainer:
             with self._autocast():
                 logits = self.model(inputs)  # [B, S, V]
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            (loss / self.accum).backward()
+            (loss / self.accum if self.accum > 1 else loss).backward()
             loss_sum += loss.detach()
         loss = loss_sum / self.accum
+        align_grads(self.model)
         if self.dp_group is not None:
             dist.all_reduce(loss, group=self.dp_group)
             loss /= self.dims.dp
@@ -235,6 +251,9 @@ class Trainer:
             if self.cfg.checkpoint.save_final and (self.step == t.steps or t.stop_after) and self.step > start_step:
                 last_ckpt = self.save()
             self.checkpointer.finalize()
+        except TrainingError:
+            self.checkpointer.finalize()  # commit a pending async save of the last good step
+            raise
         finally:
             writer.close()
         elapsed = time.perf_counter() - t_run
@@ -247,6 +266,32 @@ class Trainer:
             "num_params": self.model_cfg.num_params(), "world_size": self.world_size,
             "dp": self.dims.dp, "tp": self.dims.tp, "seq_len": self.seq_len, "global_batch_size": self.global_batch,
         }
+
+
+def load_initial_weights(model: Llama, source: str) -> None:
+    """Fine-tuning start: weights from a Hugging Face folder (``config.json`` + safetensors) or from a
+    stoker checkpoint (a ``step_XXXXXXXX`` folder or a checkpoint directory); shapes must match."""
+    from stoker.train import hf
+
+    if (Path(source) / "config.json").is_file():
+        hf.load_hf_into(model, source)
+    else:
+        cfg, state, _ = hf.load_checkpoint_weights(source)
+        shape = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim")
+        theirs, mine = ({k: getattr(c, k) for k in shape} for c in (cfg, model.cfg))
+        if theirs != mine:
+            raise CheckpointError(f"model.init_from={source} has shape {theirs} but the model has {mine}; "
+                                  "pick the matching model config")
+        model.load_state_dict(state, strict=True)
+    log.info("initial weights from %s", source)
+
+
+def _write_run_config(cfg: TrainConfig, model_cfg: Any) -> None:
+    """The resolved config (with the full model shape) next to the run's metrics."""
+    out = Path(cfg.metrics_path).parent
+    with contextlib.suppress(OSError):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "model_shape": model_cfg.to_dict()}, indent=1))
 
 
 def _init_distributed(acc: Any) -> bool:

@@ -67,7 +67,9 @@ class Zero1AdamW:
             inner_groups.append({**{key: v for key, v in group.items() if key != "params"},
                                  "params": self._shards[i : i + k]})
             i += k
-        self.inner = torch.optim.AdamW(inner_groups, lr=lr, betas=betas, eps=eps)
+        from stoker.train.optim import adamw_kernel
+
+        self.inner = torch.optim.AdamW(inner_groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(self._shards))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -88,7 +90,10 @@ class Zero1AdamW:
         # the parameters are the truth (they may just have been loaded from a checkpoint)
         self._copy_params_to_shards()
         for p, shard, (_, _, _, lo, hi) in zip(self.params, self._shards, self._layout, strict=True):
-            shard.grad = None if p.grad is None else local_tensor(p.grad).reshape(-1)[lo:hi].float()
+            g = p.grad
+            if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+                g = p.grad = g.redistribute(p.device_mesh, p.placements)  # e.g. a replicated embedding grad
+            shard.grad = None if g is None else local_tensor(g).reshape(-1)[lo:hi].float()
         self.inner.step()
         for shard in self._shards:
             shard.grad = None

@@ -1,6 +1,7 @@
 """Multi-process training under real torchrun + gloo (2 ranks): TP=2 (with and without sequence
 parallel), ZeRO-1 over 2 ranks and FSDP2 over 2 ranks match a single-process reference; a run stopped
-at step k and resumed gives bitwise the same weights at step n as an uninterrupted one."""
+at step k and resumed gives bitwise the same weights at step n as an uninterrupted one. One test
+runs 4 ranks as a (dp=2, tp=2) mesh."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from stoker.train.trainer import run_training
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
 
-STEPS, STOP = 6, 3
+STEPS, STOP = 4, 2
 
 # one torchrun launch runs several jobs in the same process group (process start-up dominates on CPU)
 WORKER = textwrap.dedent("""
@@ -65,12 +66,12 @@ def job(tmp: Path, data: Path, name: str, **sections) -> dict:
     return cfg
 
 
-def torchrun(tmp: Path, jobs: list[dict], timeout: int = 240) -> list[dict]:
+def torchrun(tmp: Path, jobs: list[dict], timeout: int = 300, nproc: int = 2) -> list[dict]:
     script, jobs_file, out = tmp / "worker.py", tmp / "jobs.json", tmp / "results.json"
     script.write_text(WORKER)
     jobs_file.write_text(json.dumps(jobs))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
            str(script), str(jobs_file), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -94,8 +95,8 @@ def setup(tmp_path_factory):
 
 
 def assert_resume_bitwise(uninterrupted: dict, stopped: dict, resumed: dict) -> None:
-    assert stopped["step"] == STOP and stopped["checkpoint"].endswith("step_00000003")
-    assert resumed["resumed_from"].endswith("step_00000003") and resumed["step"] == STEPS
+    assert stopped["step"] == STOP and stopped["checkpoint"].endswith("step_00000002")
+    assert resumed["resumed_from"].endswith("step_00000002") and resumed["step"] == STEPS
     assert resumed["losses"] == uninterrupted["losses"][STOP:]  # exact, not approximate
     a, b = load_weights(uninterrupted["checkpoint"]), load_weights(resumed["checkpoint"])
     assert a.keys() == b.keys()
@@ -137,9 +138,11 @@ def test_zero1_matches_reference_and_resumes_bitwise(setup):
         job(tmp, data, "z_full", **z),
         job(tmp, data, "z_resume", **z, train={"stop_after": STOP}),
         job(tmp, data, "z_resume", **z),
+        job(tmp, data, "ddp", parallel={"dp_mode": "ddp"}),  # plain data parallel, unsharded AdamW
     ]
     (tmp / "z").mkdir()
-    full, stopped, resumed = torchrun(tmp / "z", jobs)
+    full, stopped, resumed, ddp = torchrun(tmp / "z", jobs)
+    assert_close_losses(ddp["losses"], reference["losses"])
     assert full["dp"] == 2 and full["tp"] == 1 and full["global_batch_size"] == 8
     assert_close_losses(full["losses"], reference["losses"])
     assert_resume_bitwise(full, stopped, resumed)
@@ -152,13 +155,32 @@ def test_zero1_matches_reference_and_resumes_bitwise(setup):
 def test_fsdp2_matches_reference_and_resumes(setup):
     tmp, data, reference = setup
     f = {"parallel": {"dp_mode": "fsdp"}}
+    asynchronous = {"async_save": True}  # background writes on their own gloo group, committed later
     jobs = [
         job(tmp, data, "f_full", **f),
-        job(tmp, data, "f_resume", **f, train={"stop_after": STOP}),
-        job(tmp, data, "f_resume", **f),
+        job(tmp, data, "f_resume", **f, train={"stop_after": STOP}, checkpoint=asynchronous),
+        job(tmp, data, "f_resume", **f, checkpoint=asynchronous),
     ]
     (tmp / "f").mkdir()
     full, stopped, resumed = torchrun(tmp / "f", jobs)
     assert full["dp"] == 2
     assert_close_losses(full["losses"], reference["losses"])
+    assert_resume_bitwise(full, stopped, resumed)
+
+
+def test_2d_mesh_zero1_and_fsdp_with_tp(setup):
+    """4 ranks as (dp=2, tp=2): ZeRO-1 + TP and FSDP2 + TP + sequence parallel."""
+    tmp, data, reference = setup
+    z = {"parallel": {"tp": 2, "dp_mode": "zero1"}}
+    jobs = [
+        job(tmp, data, "d2_full", **z),
+        job(tmp, data, "d2_resume", **z, train={"stop_after": STOP}),
+        job(tmp, data, "d2_resume", **z),
+        job(tmp, data, "d2_fsdp", parallel={"tp": 2, "dp_mode": "fsdp", "sequence_parallel": True}),
+    ]
+    (tmp / "d2").mkdir()
+    full, stopped, resumed, fsdp = torchrun(tmp / "d2", jobs, nproc=4)
+    assert (full["dp"], full["tp"], fsdp["dp"], fsdp["tp"]) == (2, 2, 2, 2)
+    assert_close_losses(full["losses"], reference["losses"])
+    assert_close_losses(fsdp["losses"], reference["losses"])
     assert_resume_bitwise(full, stopped, resumed)

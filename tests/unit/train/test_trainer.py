@@ -14,10 +14,10 @@ import torch
 
 from stoker.errors import ConfigError, DataError, TrainingError
 from stoker.train.__main__ import parse_args
-from stoker.train.config import load_config
+from stoker.train.config import from_dict, load_config
+from stoker.train.configs import get_model_config
 from stoker.train.optim import lr_at
 from stoker.train.parallel import ParallelDims
-from stoker.train.configs import get_model_config
 from stoker.train.trainer import run_training
 
 torch.set_num_threads(1)
@@ -50,6 +50,10 @@ def test_toml_and_overrides(tmp_path: Path):
     assert config.data.url == "/data/a b.bin" and config.checkpoint_dir == "s3://b/ck"
     assert config.model.resolve().max_seq_len == 64
     assert config.metrics_path == str(Path("x") / "metrics.jsonl")
+    flat = from_dict({"data": "/d", "model": "small", "steps": 3, "checkpoint_dir": "/ck", "resume_from": "/ck/x",
+                      "tp": 2, "train": {"lr": 1e-3}})
+    assert (flat.data.url, flat.model.name, flat.train.steps, flat.train.lr) == ("/d", "small", 3, 1e-3)
+    assert (flat.checkpoint_dir, flat.checkpoint.resume_from, flat.parallel.tp) == ("/ck", "/ck/x", 2)
     path_, overrides, _ = parse_args(["--config", "a.toml", "--set", "train.lr=1", "--train.seed", "3",
                                       "--resume-from=/ck", "--data", "d.bin"])
     assert path_ == "a.toml"
@@ -91,7 +95,8 @@ def test_lr_schedule():
 
 
 def test_trains_logs_and_accumulates(tmp_path: Path, tokens: Path):
-    a = run_training(cfg(tmp_path / "a", tokens, train={"steps": 6, "global_batch_size": 8}))
+    a = run_training(cfg(tmp_path / "a", tokens, train={"steps": 6, "global_batch_size": 8},
+                         metrics={"progress": True, "tensorboard": True}))
     assert a["step"] == 6 and a["global_batch_size"] == 8 and a["seq_len"] == 32
     assert a["losses"][-1] < a["losses"][0] - 0.2
     lines = [json.loads(x) for x in Path(a["metrics_path"]).read_text().splitlines()]
@@ -151,6 +156,12 @@ def test_cli_entrypoint(tmp_path: Path, tokens: Path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["step"] == 2 and result["checkpoint"].endswith("step_00000002")
-    bad = subprocess.run([sys.executable, "-m", "stoker.train", "--data", str(tmp_path / "missing.bin")],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "error: token file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cli_error_is_one_line(tmp_path: Path, capsys):
+    from stoker.train.__main__ import main
+
+    assert main(["--data", str(tmp_path / "missing.bin")]) == 1
+    err = capsys.readouterr().err
+    assert "error: token file" in err and "Traceback" not in err
+    assert main(["--train.lr"]) == 1 and "needs a value" in capsys.readouterr().err

@@ -1,0 +1,125 @@
+"""Committed checkpoints: manifest + checksums, ``latest``, keep-K, torn/corrupted checkpoints never
+loaded, another config refused, exact single-process resume (sync, async, fsspec URL)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stoker.errors import CheckpointError
+from stoker.train.trainer import run_training
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 256, size=97)
+    path = tmp_path / "tokens.bin"
+    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(path)
+    return path
+
+
+def cfg(out: Path, tokens: Path, **sections) -> dict:
+    base = {"out_dir": str(out), "data": {"url": str(tokens), "block_size": 33},
+            "train": {"steps": 5, "micro_batch_size": 4, "lr": 3e-3, "log_every": 5},
+            "metrics": {"progress": False, "tensorboard": False}}
+    for key, value in sections.items():
+        base.setdefault(key, {}).update(value)
+    return base
+
+
+def weights(ckpt: str) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    from stoker.train.configs import get_model_config
+    from stoker.train.model import Llama
+
+    state = {"model": Llama(get_model_config("tiny")).state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    return state["model"]
+
+
+def test_manifest_latest_and_keep(tmp_path: Path, tokens: Path):
+    r = run_training(cfg(tmp_path / "a", tokens, checkpoint={"every": 1, "keep": 2}))
+    ck = Path(r["checkpoint_dir"])
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_00000004", "step_00000005"]
+    assert (ck / "latest").read_text() == "step_00000005"
+    manifest = json.loads((ck / "step_00000005" / "manifest.json").read_text())
+    assert manifest["step"] == 5 and ".metadata" in manifest["files"]
+    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in manifest["files"].values())
+    assert manifest["fingerprint"]["model"]["dim"] == 64 and manifest["config"]["train"]["steps"] == 5
+
+
+def test_resume_is_bitwise(tmp_path: Path, tokens: Path):
+    full = run_training(cfg(tmp_path / "full", tokens))
+    first = run_training(cfg(tmp_path / "part", tokens, train={"stop_after": 2}))
+    assert first["step"] == 2
+    second = run_training(cfg(tmp_path / "part", tokens))
+    assert second["resumed_from"].endswith("step_00000002")
+    assert second["losses"] == full["losses"][2:]
+    a, b = weights(full["checkpoint"]), weights(second["checkpoint"])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # an explicit resume_from (what a retried flow step passes) works from another folder too
+    third = run_training(cfg(tmp_path / "other", tokens), resume_from=str(tmp_path / "part" / "checkpoints"))
+    assert third["resumed_from"].endswith("step_00000005") and third["losses"] == []
+
+
+def test_async_save_and_fsspec_url(tmp_path: Path, tokens: Path):
+    full = run_training(cfg(tmp_path / "full", tokens))
+    url = f"memory://{tmp_path.name}/ck"
+    run_training(cfg(tmp_path / "m", tokens, train={"stop_after": 3}, checkpoint={"dir": url, "async_save": True}))
+    resumed = run_training(cfg(tmp_path / "m", tokens, checkpoint={"dir": url, "async_save": True}))
+    assert resumed["resumed_from"] == f"{url}/step_00000003"
+    assert resumed["losses"] == full["losses"][3:]
+
+
+def test_corrupted_and_torn_checkpoints_are_never_loaded(tmp_path: Path, tokens: Path):
+    r = run_training(cfg(tmp_path / "a", tokens, checkpoint={"every": 2}))
+    ck = Path(r["checkpoint_dir"])
+    shard = next((ck / "step_00000005").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="does not match its checksum"):
+        run_training(cfg(tmp_path / "b", tokens, train={"steps": 6}), resume_from=str(ck / "step_00000005"))
+    # auto-resume skips the corrupted one and takes the newest valid checkpoint
+    auto = run_training(cfg(tmp_path / "a", tokens, train={"steps": 6}))
+    assert auto["resumed_from"].endswith("step_00000004") and len(auto["losses"]) == 2
+    # a folder without a manifest (a torn write) is not a checkpoint
+    (ck / "step_00000009").mkdir()
+    (ck / "step_00000009" / ".metadata").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="never committed"):
+        run_training(cfg(tmp_path / "c", tokens, train={"steps": 10}), resume_from=str(ck / "step_00000009"))
+
+
+def test_checkpoint_from_another_config(tmp_path: Path, tokens: Path):
+    r = run_training(cfg(tmp_path / "a", tokens, train={"steps": 2}))
+    other = cfg(tmp_path / "b", tokens, model={"ffn_dim": 128}, train={"steps": 4})
+    with pytest.raises(CheckpointError, match="another configuration.*model"):
+        run_training(other, resume_from=r["checkpoint"])
+    with pytest.raises(CheckpointError, match="no checkpoint there"):
+        run_training(other, resume_from=str(tmp_path / "nowhere"))
+
+
+def test_init_from_checkpoint_and_hf_folder(tmp_path: Path, tokens: Path):
+    from stoker.train import hf
+
+    base = run_training(cfg(tmp_path / "base", tokens, train={"steps": 3}))
+    fresh = run_training(cfg(tmp_path / "fresh", tokens, train={"steps": 2}))
+    tuned = run_training(cfg(tmp_path / "ft", tokens, model={"init_from": base["checkpoint"]}, train={"steps": 2}))
+    assert tuned["resumed_from"] is None and tuned["losses"][0] < fresh["losses"][0] - 0.05
+    model_cfg, state, _ = hf.load_checkpoint_weights(base["checkpoint"])
+    hf.export_hf(state, model_cfg, tmp_path / "hf", dtype=torch.float32)
+    via_hf = run_training(cfg(tmp_path / "ft_hf", tokens, model={"init_from": str(tmp_path / "hf")},
+                              train={"steps": 2}))
+    assert via_hf["losses"] == tuned["losses"]
+    run_cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert run_cfg["model"]["init_from"] == base["checkpoint"] and run_cfg["model_shape"]["dim"] == 64
+    with pytest.raises(CheckpointError, match="shape"):
+        run_training(cfg(tmp_path / "bad", tokens, model={"init_from": base["checkpoint"], "ffn_dim": 128}))
