@@ -98,7 +98,9 @@ class Zero1AdamW:
         for shard in self._shards:
             shard.grad = None
         gathered = torch.empty(self.dp_size * self._flat.numel(), dtype=self._flat.dtype, device=self._flat.device)
-        dist.all_gather_into_tensor(gathered, self._flat, group=self.dp_group)
+        # all_gather_single is all_gather_into_tensor's new name (the old one warns from torch 2.13)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(gathered, self._flat, group=self.dp_group)
         rows = gathered.view(self.dp_size, -1)  # [dp, sum of chunks]
         for p, (off, chunk, n, _, _) in zip(self.params, self._layout, strict=True):
             full = rows[:, off : off + chunk].reshape(-1)[:n]
