@@ -212,3 +212,73 @@ def test_subprocess_launch_mode_runs_the_same_task_entrypoint(tmp_path):
     run = Flow("ForeachFlow").latest_run
     assert run.successful and run["end"].task.data.total_sum == 14
     assert len({t.data.value for t in run["square"]}) == 3
+
+
+def test_edge_cases_of_graph_parsing_artifacts_and_join_inputs(tmp_path):
+    run_flow("edge_flow.py", "run", cwd=tmp_path)
+    run = Flow("EdgeFlow").latest_run
+    d = run["end"].task.data
+    assert d.seen == [(0, "a", "a"), (1, "b", "b"), (2, "c", "c")]
+    assert d.doubled == [20, 40] and d._private == "kept"
+    assert run["start"].task.data.failure is None, "@catch sets its variable to None when nothing failed"
+
+
+def test_assigning_a_parameter_names_the_problem(tmp_path):
+    p = run_flow("edge_flow.py", "run", "--mode", "assign-param", cwd=tmp_path, check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, "@catch does not apply to a foreach split: the run fails"
+    assert "mode is a run input (Parameter/Config) and is read-only" in out
+
+
+def test_a_failing_branch_stops_a_running_gang_and_the_run_is_marked(tmp_path):
+    flow = tmp_path / "gang_branch.py"
+    flow.write_text('''
+import sys, time
+from stoker import FlowSpec, current, parallel, retry, step
+
+class GangBranchFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.a, self.b)
+
+    @step
+    def a(self):
+        self.next(self.g, num_parallel=2)
+
+    @retry(times=1, minutes_between_retries=0)
+    @parallel
+    @step
+    def g(self):
+        if current.parallel.node_index == 1 and current.retry_count == 0:
+            sys.exit(1)
+        time.sleep(30)
+        self.next(self.gj)
+
+    @step
+    def gj(self, inputs):
+        self.next(self.j)
+
+    @step
+    def b(self):
+        time.sleep(2)
+        if True:
+            raise RuntimeError("branch b fails")
+        self.next(self.j)
+
+    @step
+    def j(self, inputs):
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+if __name__ == "__main__":
+    GangBranchFlow()
+''')
+    t0 = time.time()
+    p = run_flow(flow, "run", cwd=tmp_path, check=False)
+    assert p.returncode == 1 and "Traceback (most recent call last)" not in p.stderr.split("branch b fails")[-1]
+    assert time.time() - t0 < 30 and "branch b fails" in p.stdout + p.stderr
+    run = Flow("GangBranchFlow").latest_run
+    assert run.status == "failed"

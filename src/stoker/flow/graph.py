@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +87,7 @@ class FlowGraph:
         self.assigned: set[str] = set()  # every `self.x = ...` in any step
         self.class_attrs = {k for c in flow_cls.__mro__ for k in vars(c)}
         self.global_problems: list[str] = []
+        self._trees: dict[str, ast.Module | None] = {}
         self.file, self.lineno = _class_location(flow_cls)
         for attr in dir(flow_cls):
             func = getattr(flow_cls, attr, None)
@@ -99,30 +99,55 @@ class FlowGraph:
                     self.nodes[out].in_funcs.append(node.name)
         self.sorted_nodes = self._order()
 
+    def _module_tree(self, file: str) -> ast.Module | None:
+        """The parsed source file (whole files parse where a dedented method with a column-0 string won't)."""
+        if file not in self._trees:
+            try:
+                with open(file) as f:
+                    tree = ast.parse(f.read(), filename=file)
+            except (OSError, SyntaxError):
+                tree = None
+            self._trees[file] = tree
+            if tree is not None:  # anything assigned to self.<x> anywhere counts as set (helpers, setattr)
+                for sub in ast.walk(tree):
+                    targets: list[ast.AST] = []
+                    if isinstance(sub, ast.Assign):
+                        targets = list(sub.targets)
+                    elif isinstance(sub, (ast.AnnAssign, ast.AugAssign, ast.For, ast.comprehension)):
+                        targets = [sub.target]
+                    elif isinstance(sub, ast.withitem) and sub.optional_vars is not None:
+                        targets = [sub.optional_vars]
+                    elif isinstance(sub, ast.Call) and getattr(sub.func, "id", None) == "setattr" \
+                            and len(sub.args) >= 2 and isinstance(sub.args[1], ast.Constant):
+                        self.assigned.add(str(sub.args[1].value))
+                    for t in targets:
+                        for el in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                            a = _self_attr(el)
+                            if a:
+                                self.assigned.add(a)
+        return self._trees[file]
+
     def _parse(self, name: str, func: Any) -> StepNode:
         func = inspect.unwrap(func)
-        try:
-            lines, start = inspect.getsourcelines(func)
-            file = inspect.getsourcefile(func) or self.file
-        except (OSError, TypeError):
-            return StepNode(name=name, file=self.file, lineno=0, num_args=1,
-                            problems=[(0, f"cannot read the source of step {name}")])
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-        off = start - 1
-        node = StepNode(name=name, file=file, lineno=fdef.lineno + off,
+        code = func.__code__
+        tree = self._module_tree(code.co_filename)
+        fdef = None
+        if tree is not None:
+            for n in ast.walk(tree):
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == code.co_name and \
+                        code.co_firstlineno in (n.lineno, *(d.lineno for d in n.decorator_list)):
+                    fdef = n
+                    break
+        if fdef is None:
+            return StepNode(name=name, file=code.co_filename, lineno=code.co_firstlineno, num_args=1,
+                            problems=[(code.co_firstlineno, f"cannot read the source of step {name}; keep flows "
+                                                            f"in .py files")])
+        file, off = code.co_filename, 0
+        node = StepNode(name=name, file=file, lineno=fdef.lineno,
                         num_args=len(fdef.args.args), decorators=list(func.decorators),
                         doc=ast.get_docstring(fdef) or "")
         for err in func.decorator_errors:
             node.problems.append((node.lineno, err))
-        for sub in ast.walk(fdef):
-            if isinstance(sub, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                for t in targets:
-                    for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                        a = _self_attr(el)
-                        if a:
-                            self.assigned.add(a)
         calls = [n for n in ast.walk(fdef) if _is_next_call(n)]
         last = fdef.body[-1] if fdef.body else None
         if name == "end":

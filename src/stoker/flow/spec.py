@@ -17,7 +17,8 @@ from .parameters import Config, Parameter
 # Set by stoker/__init__.py: runs the `python flow.py ...` command line (flow/ must not import cli/).
 CLI_HOOK: Callable[[type], Any] | None = None
 
-_INTERNAL = {"_inherited", "_loader", "_loaded", "_transition", "_foreach", "_graph_step", "_run_inputs"}
+_INTERNAL = {"_inherited", "_loader", "_loaded", "_transition", "_foreach", "_graph_step", "_run_inputs",
+             "_stoker_run_input_names"}
 
 
 class MergeArtifactsError(StokerError):
@@ -32,7 +33,9 @@ def artifact_identity(desc: dict) -> str:
 class _ArtifactView:
     """Lazy attribute access to one task's artifacts (used for `self` and for each join input)."""
 
-    def __init__(self, inherited: dict[str, dict], loader: Callable[[dict], Any], step: str = "") -> None:
+    def __init__(self, inherited: dict[str, dict], loader: Callable[[dict], Any], step: str = "",
+                 foreach: list[dict] | None = None) -> None:
+        object.__setattr__(self, "_foreach", foreach or [])
         object.__setattr__(self, "_inherited", dict(inherited))
         object.__setattr__(self, "_loader", loader)
         object.__setattr__(self, "_loaded", {})
@@ -53,6 +56,13 @@ class _ArtifactView:
 
     def __contains__(self, name: str) -> bool:
         return name in self.__dict__["_inherited"]
+
+    # a join input is a view of one parent task, with its foreach position as in Metaflow
+    input = property(lambda self: FlowSpec.input.fget(self))
+    index = property(lambda self: FlowSpec.index.fget(self))
+
+    def foreach_stack(self) -> list[tuple[int, int, Any]]:
+        return FlowSpec.foreach_stack(self)  # type: ignore[arg-type]
 
 
 class Inputs:
@@ -105,6 +115,15 @@ class FlowSpec:
         return self
 
     @classmethod
+    def _run_input_names(cls) -> frozenset[str]:
+        """Names of the Parameters and Configs (kept after the task turns them into properties)."""
+        cached = cls.__dict__.get("_stoker_run_input_names")
+        if cached is None:
+            cached = frozenset(cls._run_inputs())
+            cls._stoker_run_input_names = cached
+        return cached
+
+    @classmethod
     def _run_inputs(cls) -> dict[str, Parameter | Config]:
         out: dict[str, Parameter | Config] = {}
         for klass in reversed(cls.__mro__):
@@ -138,7 +157,7 @@ class FlowSpec:
                              f"or an earlier step (a join must use merge_artifacts or read inputs)")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in type(self)._run_inputs():
+        if name in type(self)._run_input_names():
             raise AttributeError(f"{name} is a run input (Parameter/Config) and is read-only in a step")
         if name in ("next", "input", "index", "merge_artifacts", "foreach_stack"):
             raise AttributeError(f"{name!r} is reserved by FlowSpec; choose another artifact name")
@@ -202,7 +221,7 @@ class FlowSpec:
         for name, descs in seen.items():
             if name in exclude or (include and name not in include) or name in d or name in _INTERNAL:
                 continue
-            if name in type(self)._run_inputs():
+            if name in type(self)._run_input_names():
                 continue
             if len({artifact_identity(x) for _, x in descs}) > 1:
                 conflicts.append(name)
@@ -219,4 +238,5 @@ class FlowSpec:
                 f"(e.g. self.{conflicts[0]} = max(i.{conflicts[0]} for i in inputs)) or pass exclude=[...]")
 
     def _new_artifacts(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        """What the step assigned (as in Metaflow, `_private` names too; `__dunder__` names never)."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("__") and k not in _INTERNAL}

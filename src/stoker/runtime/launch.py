@@ -109,10 +109,10 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
     configs = {k: dict(v) for k, v in values.items() if isinstance(flow_cls._run_inputs()[k], Config)}
     db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
                   origin_run_id=origin_run_id)
-    write_run_record(store, {"flow": graph.name, "run_id": run_id, "user": user, "params": shown,
-                             "config": configs, "run_inputs": run_inputs, "origin_run_id": origin_run_id,
-                             "tags": tags or [], "with": with_specs, "flow_file": flow_file,
-                             "created_at": time.time(), "status": "running"})
+    record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
+              "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "with": with_specs,
+              "flow_file": flow_file, "created_at": time.time(), "status": "running"}
+    write_run_record(store, record)
     if run_id_file:
         Path(run_id_file).write_text(run_id)
     display = Display(f"{graph.name}/{run_id}", quiet=quiet)
@@ -123,8 +123,13 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
                       origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
                       with_specs=with_specs, display=display, log_root=home_dir() / "logs")
     started = time.time()
-    result = sched.run()
-    db.set_run_status(graph.name, run_id, result.status, finished_at=time.time())
+    try:
+        result = sched.run()
+    except BaseException:
+        sched._stop_all("the scheduler failed")  # never leave tasks running behind a crashed scheduler
+        _finish_record(store, db, record, "failed")
+        raise
+    _finish_record(store, db, record, result.status)
     elapsed = time.time() - started
     if result.status == "succeeded":
         display.info(f"stoker: run {graph.name}/{run_id} succeeded in {elapsed:.1f} s", style="bold green")
@@ -134,6 +139,13 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
         display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; "
                      f"continue it with `python {os.path.basename(flow_file)} resume {run_id}`", style="bold red")
     return result
+
+
+def _finish_record(store: BlobStore, db: MetadataDB, record: dict, status: str) -> None:
+    """The final status goes to the store (the truth) and to the index."""
+    now = time.time()
+    write_run_record(store, {**record, "status": status, "finished_at": now})
+    db.set_run_status(record["flow"], record["run_id"], status, finished_at=now)
 
 
 def _jsonable(v: Any) -> bool:

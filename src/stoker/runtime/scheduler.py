@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -100,8 +101,10 @@ class Scheduler:
         self.pool = ResourcePool.from_capabilities(executor.capabilities())
         self.sel = selectors.DefaultSelector()
         self.failures: list[str] = []
+        self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
         self.failed = False
         self.interrupted = False
+        self._stopping = False
         self._next_id = 0
 
     # -- building tasks ---------------------------------------------------------------------------
@@ -229,6 +232,7 @@ class Scheduler:
         try:
             self._add("start", [], [])
             while True:
+                self._check_interrupt()
                 if not self.failed and not self.interrupted:
                     self._admit()
                 running = [t for t in self.tasks if t.state == "running"]
@@ -236,6 +240,7 @@ class Scheduler:
                     if self.failed or self.interrupted or not any(t.state == "pending" for t in self.tasks):
                         break
                 self._pump(0.05 if running else min(0.5, self._next_wakeup()))
+                self._check_interrupt()
                 self._reap()
                 self.display.refresh()
         finally:
@@ -253,10 +258,13 @@ class Scheduler:
         return max(0.01, min(waits)) if waits else 0.05
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if not self.interrupted:
+        self.interrupted = True  # acted on by the loop, never in the middle of a launch
+
+    def _check_interrupt(self) -> None:
+        if self.interrupted and not self._stopping:
+            self._stopping = True
             self.display.info("interrupted: stopping all tasks", style="bold red")
-        self.interrupted = True
-        self._stop_all("the run was interrupted")
+            self._stop_all("the run was interrupted")
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
@@ -305,8 +313,10 @@ class Scheduler:
         for fd, stream in zip(t.handle.fds, ("stdout", "stderr"), strict=False):
             if fd in self.sel.get_map():
                 deadline = time.time() + 1.0
-                while time.time() < deadline and self._read(t, stream, fd):
-                    pass
+                while time.time() < deadline and fd in self.sel.get_map():
+                    ready, _, _ = select.select([fd], [], [], 0.1)
+                    if not ready or not self._read(t, stream, fd):
+                        break  # nothing more now (a straggler may hold the pipe open), or EOF
                 if fd in self.sel.get_map():
                     self.sel.unregister(fd)
                     os.close(fd)
@@ -314,8 +324,8 @@ class Scheduler:
             self.display.line(t.step, self._prefix(t), line, stream)
 
     def _stop(self, t: Task, reason: str, hard: bool = False) -> None:
-        if t.state != "running" or t.kill_at:
-            return
+        if t.state != "running" or t.kill_at or t.handle.poll() is not None:
+            return  # not running, already being stopped, or already dead (its own outcome stands)
         t.stop_reason = reason
         t.handle.signal(signal.SIGKILL if hard else signal.SIGTERM)
         t.kill_at = time.time() + (0 if hard else KILL_GRACE_S)
@@ -359,7 +369,11 @@ class Scheduler:
             self._retry_or_fail([t])
 
     def _failure_manifest(self, t: Task, code: int) -> dict:
-        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        if code < 0:
+            sig = -code
+            how = f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
+        else:
+            how = f"exited with code {code}"
         why = f" because {t.stop_reason}" if t.stop_reason else ""
         m = {"flow": self.flow, "run_id": self.run_id, "step": t.step, "task_id": t.task_id, "attempt": t.attempt,
              "retry_count": t.attempt, "status": "failed", "started_at": t.started, "finished_at": time.time(),
@@ -381,20 +395,19 @@ class Scheduler:
     def _gang_failed(self, t: Task) -> None:
         gang = self._gang(t)
         live = [g for g in gang if g.state == "running"]
-        if t.state == "failed" and not any(g.stop_reason == "gang" for g in gang):
+        if t.state == "failed" and t.gang not in self.gang_failures:
             node = t.parallel["node_index"]
             self.display.info(f"gang {t.step}: node {node} (task {t.task_id}) failed: {self._why(t)}; "
                               f"stopping the other {len(live)} node(s)", style="bold red")
             for g in live:
                 self._stop(g, "gang")
-            self._first_gang_failure = (t, time.time())
+            self.gang_failures[t.gang] = (t, time.time())
         if live:
             return
-        first = getattr(self, "_first_gang_failure", (t, time.time()))[0]
-        if getattr(self, "_first_gang_failure", None):
-            self.display.info(f"gang {t.step} stopped {time.time() - self._first_gang_failure[1]:.1f} s after "
-                              f"node {first.parallel['node_index']} failed")
-        self._first_gang_failure = None
+        first, since = self.gang_failures.pop(t.gang, (t, None))
+        if since is not None:
+            self.display.info(f"gang {t.step} stopped {time.time() - since:.1f} s after node "
+                              f"{first.parallel['node_index']} failed")
         self._retry_or_fail(gang, first)
 
     def _why(self, t: Task) -> str:

@@ -7,6 +7,7 @@ the blob store and never touches the metadata database.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -49,7 +50,7 @@ class CaughtException:
 
 def _install_run_inputs(flow_cls: type[FlowSpec]) -> None:
     """Parameters and Configs become read-only properties backed by artifacts."""
-    for name in flow_cls._run_inputs():
+    for name in flow_cls._run_input_names():
         setattr(flow_cls, name, property(lambda self, n=name: FlowSpec.__getattr__(self, n)))
 
 
@@ -69,6 +70,12 @@ def _frames(spec: TaskSpec, store: BlobStore) -> list[dict]:
             frame["value_fn"] = value
         frames.append(frame)
     return frames
+
+
+def _frames_of(manifest: dict, store: BlobStore) -> list[dict]:
+    """A parent's foreach frames, so a join's `inputs` have .input, .index and .foreach_stack() too."""
+    return _frames(TaskSpec(flow="", run_id="", step="", task_id="",
+                            foreach=[dict(f) for f in manifest.get("foreach_stack") or []]), store)
 
 
 def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None = None,
@@ -105,7 +112,8 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
 
     if node.is_join:
         inherited = dict(spec.run_inputs)
-        views = [_ArtifactView(m["artifacts"], loader, step=m["step"]) for m in parents]
+        views = [_ArtifactView(m["artifacts"], loader, step=m["step"], foreach=_frames_of(m, store))
+                 for m in parents]
         flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec, store))
         call = lambda: func(flow, Inputs(views))  # noqa: E731
     else:
@@ -119,7 +127,8 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
         "attempt": spec.attempt, "retry_count": spec.attempt, "started_at": started, "user": spec.user,
         "hostname": socket.gethostname(), "origin_task": None, "catch_var": None,
         "input_paths": [f"{spec.flow}/{spec.run_id}/{i['step']}/{i['task_id']}" for i in spec.inputs],
-        "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits")} for f in spec.foreach],
+        "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits", "desc")}
+                          for f in spec.foreach],
         "parallel": {"node_index": par.node_index, "num_nodes": par.num_nodes} if spec.parallel else None,
         "logs": {s: log_name(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt, s)
                  for s in ("stdout", "stderr")},
@@ -154,6 +163,9 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
         try:
             for name, value in flow._new_artifacts().items():
                 artifacts[name] = save_artifact(store, value, name=name)
+            var = (manifest.get("next") or {}).get("foreach_var")
+            if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
+                artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {exc}",
@@ -164,6 +176,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     sys.stdout.flush()
     sys.stderr.flush()
     write_manifest(store, manifest)
+    shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
     return code
 
 

@@ -57,7 +57,11 @@ class ForkHandle(TaskHandle):
 class PopenHandle(TaskHandle):
     def __init__(self, proc: subprocess.Popen, spec_file: str) -> None:
         self.proc, self.pid, self._spec_file = proc, proc.pid, spec_file
-        self.fds = (proc.stdout.fileno(), proc.stderr.fileno())  # type: ignore[union-attr]
+        # the scheduler owns (and closes) the pipe fds: detach them from the Popen file objects
+        self.fds = (os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno()))  # type: ignore[union-attr]
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+        proc.stdout = proc.stderr = None
         self.exit_fd = _pidfd(proc.pid)
 
     def poll(self) -> int | None:
@@ -95,12 +99,15 @@ class LocalExecutor(Executor):
         r_err, w_err = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the task process
             code = 1
             try:
                 os.setsid()
                 die_with_parent()
+                if os.getppid() != parent:  # the scheduler died before prctl took effect
+                    os._exit(1)
                 os.close(r_out)
                 os.close(r_err)
                 null = os.open(os.devnull, os.O_RDONLY)
