@@ -5,8 +5,19 @@ import time
 
 import numpy as np
 
-from stoker import (Config, FlowSpec, IncludeFile, JSONType, Parameter, catch, current, environment, retry, step,
-                    timeout)
+from stoker import (
+    Config,
+    FlowSpec,
+    IncludeFile,
+    JSONType,
+    Parameter,
+    catch,
+    current,
+    environment,
+    retry,
+    step,
+    timeout,
+)
 
 
 class FeaturesFlow(FlowSpec):
