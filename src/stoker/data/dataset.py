@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -10,20 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from stoker._hashing import sha256_file
 from stoker.data import layout
 from stoker.data.layout import DatasetRef
 from stoker.errors import DataError
 
 logger = logging.getLogger(__name__)
 VERIFY = ("full", "lazy", "none")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class PackedDataset:
@@ -65,7 +57,7 @@ class PackedDataset:
                 return
             shard = self.shards[index]
             path = self.root / shard["path"]
-            digest = _sha256(path)
+            digest = sha256_file(path)
             if digest != shard["sha256"]:
                 raise DataError(f"{path}: checksum mismatch (sha256 {digest[:12]}..., manifest {shard['sha256'][:12]}"
                                 "...): the shard is corrupted; prepare the dataset again with overwrite=True "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stoker._hashing import sha256_file
 from stoker.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -47,14 +48,6 @@ BUILTIN = {
 }
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class Tokenizer:
     """Base class: ``encode_batch`` returns one int array per text, without BOS/EOS."""
 
@@ -64,7 +57,7 @@ class Tokenizer:
         self.path = Path(path)
         self.name = name
         self.num_threads = max(1, num_threads or os.cpu_count() or 1)
-        self.digest = _file_digest(self.path)
+        self.digest = sha256_file(self.path)
         self.bos_id: int | None = None
         self.eos_id: int | None = None
         self.pad_id: int | None = None

@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from stoker._hashing import sha256_file
 from stoker.errors import StoreError
 from stoker.store.paths import default_store_url
 
@@ -63,12 +64,7 @@ def file_chunks(path: str | os.PathLike, chunk: int = CHUNK) -> Iterator[bytes]:
             yield data
 
 
-def hash_file(path: str | os.PathLike) -> str:
-    """The sha256 hex digest of a file, read in chunks."""
-    h = hashlib.sha256()
-    for data in file_chunks(path):
-        h.update(data)
-    return h.hexdigest()
+hash_file = sha256_file  # the key of a file's content
 
 
 class BlobStore(ABC):
