@@ -174,20 +174,10 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         if args.step:
             if args.step not in graph:
                 raise ConfigError(f"resume --step {args.step}: the flow has no such step ({', '.join(graph.nodes)})")
-            rerun = _downstream(graph, args.step)
+            rerun = graph.reachable_from(args.step)
         result = start_run(flow_cls, executor, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
                            origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet)
     return {"succeeded": 0, "killed": 130}.get(result.status, 1)
-
-
-def _downstream(graph: FlowGraph, step: str) -> set[str]:
-    seen, stack = set(), [step]
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(graph[n].out_funcs)
-    return seen
 
 
 def print_graph(graph: FlowGraph) -> None:

@@ -86,7 +86,6 @@ class FlowGraph:
         self.nodes: dict[str, StepNode] = {}
         self.assigned: set[str] = set()  # every `self.x = ...` in any step
         self.class_attrs = {k for c in flow_cls.__mro__ for k in vars(c)}
-        self.global_problems: list[str] = []
         self._trees: dict[str, ast.Module | None] = {}
         self.file, self.lineno = _class_location(flow_cls)
         for attr in dir(flow_cls):
@@ -219,6 +218,17 @@ class FlowGraph:
 
     def __contains__(self, name: str) -> bool:
         return name in self.nodes
+
+    def reachable_from(self, step: str) -> set[str]:
+        """`step` and every step after it."""
+        seen: set[str] = set()
+        stack = [step] if step in self.nodes else []
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(t for t in self.nodes[n].out_funcs if t in self.nodes)
+        return seen
 
     def closing_split(self, join: str) -> StepNode:
         """The split, foreach or gang that a join step closes."""

@@ -57,7 +57,7 @@ def collect_problems(graph: FlowGraph, parameters: dict[str, Any]) -> list[tuple
         first = nodes[cycle[0]]
         add(first, f"steps form a loop ({' -> '.join(cycle)}); a flow is acyclic: use foreach= to repeat work")
         return out
-    reachable = {n.name for n in graph.sorted_nodes if _reachable(graph, n.name)}
+    reachable = graph.reachable_from("start")
     for node in nodes.values():
         if node.name not in reachable:
             add(node, f"step {node.name} is unreachable from start: call self.next(self.{node.name}) "
@@ -71,19 +71,6 @@ def _closest(name: str, nodes: dict) -> str | None:
 
     m = difflib.get_close_matches(name, list(nodes), n=1)
     return m[0] if m else None
-
-
-def _reachable(graph: FlowGraph, name: str) -> bool:
-    seen, stack = set(), ["start"] if "start" in graph.nodes else []
-    while stack:
-        n = stack.pop()
-        if n == name:
-            return True
-        if n in seen:
-            continue
-        seen.add(n)
-        stack.extend(t for t in graph.nodes[n].out_funcs if t in graph.nodes)
-    return False
 
 
 def _find_cycle(graph: FlowGraph) -> list[str] | None:

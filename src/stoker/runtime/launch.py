@@ -104,9 +104,9 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
                                     Path(flow_file).parent)
     run_id = run_id or new_run_id()
     run_inputs = {k: save_artifact(store, v) for k, v in values.items()}
-    shown = {k: (v if _jsonable(v) else repr(v)) for k, v in values.items()
-             if not isinstance(flow_cls._run_inputs()[k], Config)}
-    configs = {k: dict(v) for k, v in values.items() if isinstance(flow_cls._run_inputs()[k], Config)}
+    declared = flow_cls._run_inputs()
+    shown = {k: (v if _jsonable(v) else repr(v)) for k, v in values.items() if not isinstance(declared[k], Config)}
+    configs = {k: dict(v) for k, v in values.items() if isinstance(declared[k], Config)}
     db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
                   origin_run_id=origin_run_id)
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,

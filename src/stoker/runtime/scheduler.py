@@ -193,7 +193,7 @@ class Scheduler:
             return False
         for t, m in zip(unit, found, strict=True):
             clone = clone_manifest(m, run_id=self.run_id, task_id=t.task_id, user=self.user)
-            clone["input_paths"] = [f"{self.flow}/{self.run_id}/{i['step']}/{i['task_id']}" for i in t.inputs]
+            clone["input_paths"] = self._spec(t).input_paths()
             write_manifest(self.store, clone)
             self.db.ingest_manifest(clone)
             t.manifest, t.state, t.cloned = clone, "ok", True
@@ -206,12 +206,15 @@ class Scheduler:
     def _prefix(self, t: Task) -> str:
         return f"{self.run_id}/{t.step}/{t.task_id}" + (f"/attempt {t.attempt}" if t.attempt else "")
 
-    def _launch(self, t: Task) -> None:
-        spec = TaskSpec(flow=self.flow, run_id=self.run_id, step=t.step, task_id=t.task_id, attempt=t.attempt,
+    def _spec(self, t: Task) -> TaskSpec:
+        return TaskSpec(flow=self.flow, run_id=self.run_id, step=t.step, task_id=t.task_id, attempt=t.attempt,
                         max_attempts=t.max_attempts, inputs=t.inputs, foreach=t.foreach, parallel=t.parallel,
                         run_inputs=self.run_inputs, user=self.user, tags=self.tags,
                         origin_run_id=self.origin_run_id, store_url=self.store.url, flow_file=self.flow_file,
                         flow_class=self.flow_cls.__name__, with_decorators=self.with_specs)
+
+    def _launch(self, t: Task) -> None:
+        spec = self._spec(t)
         env = {"STOKER_RUN_ID": self.run_id, "STOKER_TASK_PATHSPEC": spec.pathspec}
         t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
                               self._prefix(t))
@@ -375,17 +378,9 @@ class Scheduler:
         else:
             how = f"exited with code {code}"
         why = f" because {t.stop_reason}" if t.stop_reason else ""
-        m = {"flow": self.flow, "run_id": self.run_id, "step": t.step, "task_id": t.task_id, "attempt": t.attempt,
-             "retry_count": t.attempt, "status": "failed", "started_at": t.started, "finished_at": time.time(),
+        m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
              "artifacts": {}, "exception": {"type": "TaskDied", "message": f"task process {how}{why}",
-                                            "traceback": ""},
-             "logs": {s: log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, s)
-                      for s in ("stdout", "stderr")},
-             "input_paths": [f"{self.flow}/{self.run_id}/{i['step']}/{i['task_id']}" for i in t.inputs],
-             "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits")} for f in t.foreach],
-             "parallel": ({"node_index": t.parallel["node_index"], "num_nodes": t.parallel["num_nodes"]}
-                          if t.parallel else None),
-             "user": self.user, "hostname": socket.gethostname(), "origin_task": None, "catch_var": None}
+                                            "traceback": ""}}
         write_manifest(self.store, m)
         return m
 

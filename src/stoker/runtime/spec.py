@@ -30,11 +30,33 @@ class TaskSpec:
     flow_file: str = ""
     flow_class: str = ""
     with_decorators: list[str] = field(default_factory=list)  # --with specs, re-applied in the task process
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pathspec(self) -> str:
         return f"{self.flow}/{self.run_id}/{self.step}/{self.task_id}"
+
+    def input_paths(self) -> list[str]:
+        return [f"{self.flow}/{self.run_id}/{i['step']}/{i['task_id']}" for i in self.inputs]
+
+    def manifest_head(self, started_at: float) -> dict[str, Any]:
+        """The fields every manifest of this attempt has, whoever writes it (the task, or the scheduler for a
+        task that died without writing one)."""
+        import socket
+
+        from ..store.manifest import log_name
+
+        par = self.parallel
+        return {
+            "flow": self.flow, "run_id": self.run_id, "step": self.step, "task_id": self.task_id,
+            "attempt": self.attempt, "retry_count": self.attempt, "started_at": started_at, "user": self.user,
+            "hostname": socket.gethostname(), "origin_task": None, "catch_var": None,
+            "input_paths": self.input_paths(),
+            "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits", "desc")}
+                              for f in self.foreach],
+            "parallel": {"node_index": par["node_index"], "num_nodes": par["num_nodes"]} if par else None,
+            "logs": {s: log_name(self.flow, self.run_id, self.step, self.task_id, self.attempt, s)
+                     for s in ("stdout", "stderr")},
+        }
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)

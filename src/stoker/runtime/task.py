@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from ..flow.graph import FlowGraph
 from ..flow.spec import FlowSpec, Inputs, _ArtifactView
 from ..store.artifacts import load_artifact, save_artifact
 from ..store.blob import BlobStore, open_store
-from ..store.manifest import log_name, read_manifest, write_manifest
+from ..store.manifest import read_manifest, write_manifest
 from .spec import TaskSpec
 
 
@@ -54,10 +53,11 @@ def _install_run_inputs(flow_cls: type[FlowSpec]) -> None:
         setattr(flow_cls, name, property(lambda self, n=name: FlowSpec.__getattr__(self, n)))
 
 
-def _frames(spec: TaskSpec, store: BlobStore) -> list[dict]:
+def _frames(foreach: list[dict], store: BlobStore) -> list[dict]:
+    """Foreach frames with a lazy `value_fn` for `self.input` (the split's list is loaded once)."""
     frames = []
     cache: dict[str, Any] = {}
-    for f in spec.foreach:
+    for f in foreach:
         frame = {"step": f["step"], "index": f["index"], "num_splits": f["num_splits"]}
         if f.get("desc") is not None:
             def value(f=f) -> Any:
@@ -70,12 +70,6 @@ def _frames(spec: TaskSpec, store: BlobStore) -> list[dict]:
             frame["value_fn"] = value
         frames.append(frame)
     return frames
-
-
-def _frames_of(manifest: dict, store: BlobStore) -> list[dict]:
-    """A parent's foreach frames, so a join's `inputs` have .input, .index and .foreach_stack() too."""
-    return _frames(TaskSpec(flow="", run_id="", step="", task_id="",
-                            foreach=[dict(f) for f in manifest.get("foreach_stack") or []]), store)
 
 
 def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None = None,
@@ -112,27 +106,18 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
 
     if node.is_join:
         inherited = dict(spec.run_inputs)
-        views = [_ArtifactView(m["artifacts"], loader, step=m["step"], foreach=_frames_of(m, store))
+        views = [_ArtifactView(m["artifacts"], loader, step=m["step"],
+                               foreach=_frames(m.get("foreach_stack") or [], store))
                  for m in parents]
-        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec, store))
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store))
         call = lambda: func(flow, Inputs(views))  # noqa: E731
     else:
         inherited = dict(parents[0]["artifacts"]) if parents else {}
         inherited.update(spec.run_inputs)
-        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec, store))
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store))
         call = lambda: func(flow)  # noqa: E731
 
-    manifest: dict[str, Any] = {
-        "flow": spec.flow, "run_id": spec.run_id, "step": spec.step, "task_id": spec.task_id,
-        "attempt": spec.attempt, "retry_count": spec.attempt, "started_at": started, "user": spec.user,
-        "hostname": socket.gethostname(), "origin_task": None, "catch_var": None,
-        "input_paths": [f"{spec.flow}/{spec.run_id}/{i['step']}/{i['task_id']}" for i in spec.inputs],
-        "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits", "desc")}
-                          for f in spec.foreach],
-        "parallel": {"node_index": par.node_index, "num_nodes": par.num_nodes} if spec.parallel else None,
-        "logs": {s: log_name(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt, s)
-                 for s in ("stdout", "stderr")},
-    }
+    manifest: dict[str, Any] = spec.manifest_head(started)
     code = 0
     try:
         with _timeout(func):

@@ -151,14 +151,7 @@ class S3BlobStore(BlobStore):
         cached = self._cache_file(check_key(key))
         if cached.exists():
             return cached.read_bytes()
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._blob_key(key))
-        except Exception as e:
-            if _is_missing(e):
-                raise StoreError(f"blob {key} is missing from the store {self.url}") from None
-            with _s3_errors(f"reading blob {key}", self.url):
-                raise
-        return resp["Body"].read()
+        return self._get(self._blob_key(key), f"blob {key}", f"blob {key} is missing from the store {self.url}")
 
     def blob_path(self, key: str) -> Path:
         dest = self._cache_file(check_key(key))
@@ -186,12 +179,15 @@ class S3BlobStore(BlobStore):
             self.client.put_object(Bucket=self.bucket, Key=self._k(check_name(name)), Body=bytes(data))
 
     def read(self, name: str) -> bytes:
+        return self._get(self._k(check_name(name)), name, f"object {name!r} does not exist in the store {self.url}")
+
+    def _get(self, s3key: str, what: str, missing: str) -> bytes:
         try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._k(check_name(name)))
+            resp = self.client.get_object(Bucket=self.bucket, Key=s3key)
         except Exception as e:
             if _is_missing(e):
-                raise StoreError(f"object {name!r} does not exist in the store {self.url}") from None
-            with _s3_errors(f"reading {name}", self.url):
+                raise StoreError(missing) from None
+            with _s3_errors(f"reading {what}", self.url):
                 raise
         return resp["Body"].read()
 
