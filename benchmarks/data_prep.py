@@ -2,7 +2,8 @@
 
 Both prepare the same corpus (the built-in Shakespeare plays repeated to ~--target-mb MB, as JSONL) with
 the same tokenizer (the same SentencePiece model, encoded on all cores by both), the same BOS/EOS per
-document and the same block size; the raw encode throughput of the tokenizer on all cores is measured too.
+document and the same block size; the raw encode throughput of the tokenizer library itself on all cores
+(SentencePiece without stoker's word cache) is measured too.
 
     python benchmarks/data_prep.py                 # ~30 MB, llama tokenizer, block size 4096
     python benchmarks/data_prep.py --target-mb 10 --block-size 256
@@ -38,8 +39,12 @@ def build_corpus(folder: Path, target_mb: float) -> tuple[Path, list[str]]:
 
 
 def raw_encode(tok, docs: list[str]) -> tuple[int, float, float]:
+    """The tokenizer library's own batch encode on all cores (for SentencePiece: without stoker's word cache)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    encoded = tok.encode_batch(docs)  # all cores, the tokenizer's own batch API
+    if tok.kind == "sentencepiece":
+        encoded = tok.sp.encode(docs, num_threads=tok.num_threads)
+    else:
+        encoded = tok.encode_batch(docs)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return sum(len(e) for e in encoded) + 2 * len(docs), seconds, cpu  # + BOS/EOS, as both pipelines store
 
@@ -142,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             probe = docs[:3]
             assert hf(probe)["input_ids"] == [[tok.bos_id, *tok.encode(d), tok.eos_id] for d in probe], \
                 "the converted HF tokenizer must give the same ids"
-        def same_library(texts):
-            ids = [[tok.bos_id, *e.tolist(), tok.eos_id] for e in tok.encode_batch(texts)]
+        def same_library(texts):  # a fresh tokenizer (and word cache) per run, like stoker's prepare
+            fresh = load_tokenizer(args.tokenizer)
+            ids = [[tok.bos_id, *e.tolist(), tok.eos_id] for e in fresh.encode_batch(texts)]
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids]}
 
         variants = [("recipe", "recipe as published (AutoTokenizer fast)", lambda texts: hf(texts))] if hf else []

@@ -76,12 +76,14 @@ def dataset_fingerprint(cfg: PrepareConfig, source: Source, tok: Tokenizer) -> s
     """Identity of the output: source + tokenizer + every setting that changes the tokens."""
     key = {"format": layout.FORMAT, "source": source.fingerprint(), "tokenizer": tok.fingerprint,
            "block_size": cfg.block_size, "val_fraction": float(cfg.val_fraction), "remainder": cfg.remainder,
-           "add_bos": cfg.add_bos, "add_eos": cfg.add_eos, "max_doc_chars": cfg.max_doc_chars}
+           "add_bos": cfg.add_bos, "add_eos": cfg.add_eos,
+           "max_doc_chars": None if tok.splits_long_texts else cfg.max_doc_chars}  # None: never cut
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def _pieces(text: str, limit: int) -> list[str]:
-    """Cut a very long document at line breaks so that all cores share it (BOS/EOS still wrap the whole)."""
+    """Cut a very long document at line breaks so that all cores share it (BOS/EOS still wrap the whole);
+    only for tokenizers that cannot spread one text over the cores themselves (``splits_long_texts``)."""
     if len(text) <= limit:
         return [text]
     out, start = [], 0
@@ -307,7 +309,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
                 break
             pieces, owner = [], []
             for i, doc in enumerate(batch):
-                parts = _pieces(doc, cfg.max_doc_chars)
+                parts = [doc] if tok.splits_long_texts else _pieces(doc, cfg.max_doc_chars)
                 pieces.extend(parts)
                 owner.extend([i] * len(parts))
             encoded = tok.encode_batch(pieces)

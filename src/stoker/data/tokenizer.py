@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from stoker._hashing import sha256_file
+from stoker.data.wordcache import WordCache
 from stoker.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class Tokenizer:
     """Base class: ``encode_batch`` returns one int array per text, without BOS/EOS."""
 
     kind = "base"
+    #: True when ``encode_batch`` keeps every core busy on one long text by itself (so callers need not cut it)
+    splits_long_texts = False
 
     def __init__(self, path: Path, name: str, num_threads: int | None = None) -> None:
         self.path = Path(path)
@@ -94,7 +97,8 @@ class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece ``tokenizer.model`` read by the sentencepiece library itself.
 
     (transformers 5.x ``LlamaTokenizerFast(vocab_file=...)`` silently yields empty encodings, so
-    .model files never go through transformers.)
+    .model files never go through transformers.) BPE models like Llama's encode through an exact
+    :class:`~stoker.data.wordcache.WordCache` (each distinct word once); ``self.sp`` is the model itself.
     """
 
     kind = "sentencepiece"
@@ -112,8 +116,13 @@ class SentencePieceTokenizer(Tokenizer):
         self.bos_id = int(self.sp.bos_id()) if self.sp.bos_id() >= 0 else None
         self.eos_id = int(self.sp.eos_id()) if self.sp.eos_id() >= 0 else None
         self.pad_id = int(self.sp.pad_id()) if self.sp.pad_id() >= 0 else None
+        self.words, reason = WordCache.for_model(self.sp, self.num_threads)
+        self.splits_long_texts = self.words is not None
+        logger.debug("%s: word cache %s", path, "on" if self.words else f"off ({reason})")
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        if self.words is not None:
+            return self.words.encode_batch(list(texts))
         return self.sp.encode(list(texts), return_type="numpy", num_threads=self.num_threads,
                               add_bos=False, add_eos=False)
 
