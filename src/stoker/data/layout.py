@@ -103,6 +103,14 @@ class S3Files:
     def makedirs(self, path: str, exist_ok: bool = True) -> None:
         """Object stores have no folders."""
 
+    def listing(self, prefix: str) -> list[tuple[str, int, str]]:
+        """(bucket/key, size, ETag) of every object under ``bucket/prefix``, sorted by key."""
+        bucket, key = self._split(prefix)
+        pages = self._call("listing", prefix, lambda: list(self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=key)))
+        return sorted((f"{bucket}/{o['Key']}", int(o["Size"]), str(o.get("ETag", "")).strip('"'))
+                      for page in pages for o in page.get("Contents", []))
+
 
 def filesystem(url: str):
     """(filesystem, path within it) for a remote URL: boto3 for ``s3://``, fsspec for the rest."""

@@ -1,4 +1,5 @@
 """Where documents come from: the built-in corpus, local files (txt / jsonl / parquet, optionally .gz / .zst),
+the same files in an object store (``s3://bucket/prefix/*.jsonl.gz``, see :mod:`stoker.data.remote`),
 Hugging Face datasets (``hf:name[:config][:split]``) and folders written by ``Dataset.save_to_disk``.
 
 A source yields documents (``str``) in a deterministic order and describes itself for the manifest and
@@ -108,20 +109,23 @@ class FileSource(Source):
 
     def documents(self) -> Iterator[str]:
         for path, (fmt, compression) in zip(self.files, self.formats, strict=True):
-            if fmt == "text":
-                yield from self._text(path, compression)
-            elif fmt == "jsonl":
-                yield from self._jsonl(path, compression)
-            else:
-                yield from self._parquet(path)
+            yield from self.read(path, fmt, compression, str(path))
 
-    def _text(self, path: Path, compression: str | None) -> Iterator[str]:
+    def read(self, path: Path, fmt: str, compression: str | None, name: str) -> Iterator[str]:
+        """The documents of one local file; errors name it ``name`` (its URL when it was downloaded)."""
+        if fmt == "text":
+            return self._text(path, compression, name)
+        if fmt == "jsonl":
+            return self._jsonl(path, compression, name)
+        return self._parquet(path, name)
+
+    def _text(self, path: Path, compression: str | None, name: str) -> Iterator[str]:
         try:
             with _open_binary(path, compression) as f:
                 data = f.read()
         except (OSError, EOFError) as exc:
-            raise DataError(f"{path}: cannot read ({exc}); check the file is complete") from None
-        text = _decode(data, str(path), self.encoding, self.errors)
+            raise DataError(f"{name}: cannot read ({exc}); check the file is complete") from None
+        text = _decode(data, name, self.encoding, self.errors)
         if self.doc_split == "file":
             yield text
         elif self.doc_split == "line":
@@ -129,14 +133,14 @@ class FileSource(Source):
         else:
             yield from (p for p in text.replace("\r\n", "\n").split("\n\n") if p.strip())
 
-    def _jsonl(self, path: Path, compression: str | None) -> Iterator[str]:
+    def _jsonl(self, path: Path, compression: str | None, name: str) -> Iterator[str]:
         field = self.text_field
         try:
             with _open_binary(path, compression) as raw:
                 for lineno, line in enumerate(io.BufferedReader(raw, 1 << 20), 1):
                     if not line.strip():
                         continue
-                    where = f"{path}:{lineno}"
+                    where = f"{name}:{lineno}"
                     try:
                         record = json.loads(_decode(line, where, self.encoding, self.errors))
                     except ValueError as exc:
@@ -151,18 +155,18 @@ class FileSource(Source):
                                         "pass a text field with --text-field")
                     yield value
         except (OSError, EOFError) as exc:
-            raise DataError(f"{path}: cannot read ({exc}); check the file is complete") from None
+            raise DataError(f"{name}: cannot read ({exc}); check the file is complete") from None
 
-    def _parquet(self, path: Path) -> Iterator[str]:
+    def _parquet(self, path: Path, name: str) -> Iterator[str]:
         import pyarrow.parquet as pq
 
         try:
             pf = pq.ParquetFile(path)
         except Exception as exc:
-            raise DataError(f"{path}: not a readable parquet file ({exc}); check the file is complete") from None
+            raise DataError(f"{name}: not a readable parquet file ({exc}); check the file is complete") from None
         names = pf.schema_arrow.names
         if self.text_field not in names:
-            raise DataError(f"{path}: no text column {self.text_field!r} (columns: {names}); pass the right "
+            raise DataError(f"{name}: no text column {self.text_field!r} (columns: {names}); pass the right "
                             "column with text_field=... (--text-field)")
         for batch in pf.iter_batches(batch_size=4096, columns=[self.text_field]):
             for value in batch.column(0).to_pylist():
@@ -280,6 +284,10 @@ def resolve_source(spec: str | os.PathLike | Source, *, text_field: str = "text"
         return src
     if text.startswith("hf:"):
         return _load_hf(text, text_field)
+    if "://" in text and not text.startswith("file://"):
+        from stoker.data.remote import remote_source
+
+        return remote_source(text, text_field=text_field, doc_split=doc_split, encoding=encoding, errors=errors)
     path = Path(text).expanduser()
     if _is_saved_dataset(path):
         return _load_from_disk(path, text_field, split)

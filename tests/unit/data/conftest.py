@@ -45,3 +45,30 @@ def gz_jsonl(tmp_path: Path, docs) -> Path:
         for d in docs:
             f.write(json.dumps({"text": d}) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """A real S3 API server (moto) on loopback for the whole session."""
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture()
+def s3(moto_endpoint, monkeypatch):
+    """The loopback S3 server, emptied, with one bucket ``data``; stoker finds it through
+    STOKER_S3_ENDPOINT_URL. Yields a boto3 client for it."""
+    import urllib.request
+
+    boto3 = pytest.importorskip("boto3")
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
+    for var, value in {"STOKER_S3_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "test",
+                       "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(var, value)
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket="data")
+    return client

@@ -212,37 +212,18 @@ def test_large_vocabulary_uses_uint32(tmp_path, jsonl_file, docs):
 
 
 @pytest.mark.slow
-def test_s3_output_against_loopback_server(tmp_path, jsonl_file, monkeypatch):
+def test_s3_output_against_loopback_server(tmp_path, jsonl_file, s3):
     """prepare -> s3:// (a real S3 API server on loopback, moto) -> open_dataset downloads and verifies."""
-    import socket
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        for var, value in {"STOKER_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
-                           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(var, value)
-        s3 = boto3.client("s3", endpoint_url=endpoint)
-        s3.create_bucket(Bucket="data")
-        ref = prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://data/ds/shk")
-        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="data")["Contents"])
-        assert keys == ["ds/shk/manifest.json", "ds/shk/train/shard-00000.bin"]
-        ds = open_dataset("s3://data/ds/shk", verify="full")
-        local = prepare(str(jsonl_file), block_size=32, val_fraction=0, output=str(tmp_path / "l"))
-        assert len(ds) == len(open_dataset(local)) and np.array_equal(ds[2], open_dataset(local)[2])
-        again = prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://data/ds/shk")
-        assert again.fingerprint == ref.fingerprint  # cache hit on the object store
-        with pytest.raises(DataError, match="s3://nobucket/x.*failed.*bucket exists"):
-            prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://nobucket/x")
-    finally:
-        server.stop()
+    ref = prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://data/ds/shk")
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="data")["Contents"])
+    assert keys == ["ds/shk/manifest.json", "ds/shk/train/shard-00000.bin"]
+    ds = open_dataset("s3://data/ds/shk", verify="full")
+    local = prepare(str(jsonl_file), block_size=32, val_fraction=0, output=str(tmp_path / "l"))
+    assert len(ds) == len(open_dataset(local)) and np.array_equal(ds[2], open_dataset(local)[2])
+    again = prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://data/ds/shk")
+    assert again.fingerprint == ref.fingerprint  # cache hit on the object store
+    with pytest.raises(DataError, match="s3://nobucket/x.*failed.*bucket exists"):
+        prepare(str(jsonl_file), block_size=32, val_fraction=0, output="s3://nobucket/x")
 
 
 def test_interrupted_prepare_leaves_nothing(tmp_path, docs):
