@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stoker._s3 import s3_client
 from stoker.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -46,13 +47,7 @@ class S3Files:
     ``bucket/key``; the client honours ``$STOKER_S3_ENDPOINT_URL`` (MinIO, moto, ...) like the blob store."""
 
     def __init__(self, client=None) -> None:
-        if client is None:
-            try:
-                import boto3
-            except ImportError:
-                raise DataError("s3:// datasets need boto3: pip install 'stoker[aws]'") from None
-            client = boto3.client("s3", endpoint_url=os.environ.get("STOKER_S3_ENDPOINT_URL") or None)
-        self.client = client
+        self.client = client if client is not None else s3_client(DataError, "s3:// datasets")
 
     @staticmethod
     def _split(path: str) -> tuple[str, str]:

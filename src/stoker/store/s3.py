@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from stoker._s3 import s3_client
 from stoker.errors import StoreError
 from stoker.store.blob import BlobStore, check_key, check_name, hash_file
 from stoker.store.paths import default_cache_dir
@@ -55,13 +56,7 @@ class S3BlobStore(BlobStore):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        if client is None:
-            try:
-                import boto3
-            except ImportError as e:
-                raise StoreError("the S3 store needs boto3: pip install 'stoker[aws]'") from e
-            client = boto3.client("s3", endpoint_url=os.environ.get("STOKER_S3_ENDPOINT_URL") or None)
-        self.client = client
+        self.client = client if client is not None else s3_client(StoreError, "the S3 store")
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._cache_blobs = self.cache_dir / "blobs"
         self._cache_tmp = self.cache_dir / ".tmp"
