@@ -141,11 +141,12 @@ class Checkpointer:
     """Saves and loads committed checkpoints under ``directory`` (every rank creates one)."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = False,
-                 fingerprint: dict[str, Any] | None = None, config: dict[str, Any] | None = None) -> None:
+                 fingerprint: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                 layout: dict[str, Any] | None = None) -> None:
         self.store = _Store(directory)
         self.directory = directory
         self.keep, self.async_save = keep, async_save
-        self.fingerprint, self.config = fingerprint or {}, config or {}
+        self.fingerprint, self.config, self.layout = fingerprint or {}, config or {}, layout or {}
         self._pending: tuple[Future, int, str] | None = None
         self._async_group: Any = None
         if _rank() == 0:
@@ -207,7 +208,7 @@ class Checkpointer:
                 digest, size = self.store.sha256(full)
                 files[rel] = {"sha256": digest, "bytes": size}
             manifest = {"step": step, "files": files, "fingerprint": self.fingerprint, "config": self.config,
-                        "created": time.time(), "torch": torch.__version__}
+                        "layout": self.layout, "created": time.time(), "torch": torch.__version__}
             self.store.write_atomic(json.dumps(manifest, indent=1, sort_keys=True), tmp, MANIFEST)
             self.store.remove(name)  # a re-save of the same step (after a resume) replaces it
             self.store.fs.mv(self.store.join(tmp), self.store.join(name), recursive=True)
@@ -262,14 +263,13 @@ class Checkpointer:
                 "and parallel layout, or point checkpoint.dir at a new folder to start afresh"
             )
 
-    def load(self, url: str, state: dict[str, Any]) -> dict[str, Any]:
-        """Verify checkpoint ``url`` (rank 0), check its fingerprint, then load it into ``state`` in place."""
+    def inspect(self, url: str) -> dict[str, Any]:
+        """The manifest of checkpoint ``url`` once rank 0 verified every file and its fingerprint matches."""
         base, name = url.rstrip("/").rsplit("/", 1) if "/" in url.rstrip("/") else (".", url)
-        store = _Store(base)
         result: Any = None
         if _rank() == 0:
             try:
-                result = Checkpointer.verify(self._with_store(store), name)
+                result = Checkpointer.verify(self._with_store(_Store(base)), name)
             except CheckpointError as e:
                 result = e
             except Exception as e:  # unreadable manifest, storage errors
@@ -278,6 +278,14 @@ class Checkpointer:
         if isinstance(result, Exception):
             raise result
         self.check_fingerprint(result, url)
+        return result
+
+    def load(self, url: str, state: dict[str, Any], manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Load checkpoint ``url`` into ``state`` in place (verified by :meth:`inspect` unless its manifest
+        is given); returns the manifest."""
+        manifest = manifest if manifest is not None else self.inspect(url)
+        base, name = url.rstrip("/").rsplit("/", 1) if "/" in url.rstrip("/") else (".", url)
+        store = _Store(base)
         if store.local:
             reader: Any = dcp.FileSystemReader(store.fs._strip_protocol(store.url(name)))
         else:
@@ -288,8 +296,8 @@ class Checkpointer:
             dcp.load(state, storage_reader=reader)
         except Exception as e:
             raise CheckpointError(f"cannot load checkpoint {url}: {e}") from e
-        log.info("loaded checkpoint %s (step %d)", url, result["step"])
-        return result
+        log.info("loaded checkpoint %s (step %d)", url, manifest["step"])
+        return manifest
 
     def _with_store(self, store: _Store) -> Checkpointer:
         clone = object.__new__(Checkpointer)

@@ -79,8 +79,10 @@ def open_training_data(url: str, *, split: str, block_size: int, token_dtype: st
     return open_dataset(url, split=split)
 
 
-def make_loader(dataset: Any, *, batch_size: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool) -> Any:
-    """``stoker.data.BlockLoader`` over ``dataset``."""
+def make_loader(dataset: Any, *, batch_size: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool,
+                global_batch: int | None = None) -> Any:
+    """``stoker.data.BlockLoader`` over ``dataset`` (epochs end on a ``global_batch`` boundary)."""
     from stoker.data import BlockLoader
 
-    return BlockLoader(dataset, batch_size, dp_rank=dp_rank, dp_size=dp_size, seed=seed, shuffle=shuffle)
+    return BlockLoader(dataset, batch_size, dp_rank=dp_rank, dp_size=dp_size, seed=seed, shuffle=shuffle,
+                       global_batch=global_batch)

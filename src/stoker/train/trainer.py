@@ -36,6 +36,7 @@ from stoker.train.data_source import make_loader, open_training_data
 from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
 from stoker.train.optim import LRSchedule, align_grads, allreduce_grads, build_optimizer, clip_grad_norm
+from stoker.train.optim_state import flat_state, init_adamw_state, set_step
 from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
 from stoker.train.zero import Zero1AdamW
 
@@ -87,17 +88,20 @@ class Trainer:
             raise ConfigError(f"parallel.precision=bf16 is not supported on {self.acc.name}; use fp32")
 
         self.dims.build_mesh(self.acc.device_type)
-        fingerprint = {"model": self.model_cfg.to_dict(), "dp": self.dims.dp, "tp": self.dims.tp,
-                       "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
+        self.fsdp = uses_fsdp(self.dims, cfg.parallel)
+        # what a checkpoint needs to be loadable here: the data-parallel size may differ (see optim_state)
+        fingerprint = {"model": self.model_cfg.to_dict(), "tp": self.dims.tp,
+                       "optimizer_state": "fsdp" if self.fsdp else "flat"}
+        layout = {"world": self.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "accum": self.accum,
+                  "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint.keep,
                                          async_save=cfg.checkpoint.async_save, fingerprint=fingerprint,
-                                         config=cfg.to_dict())
+                                         config=cfg.to_dict(), layout=layout)
         self.resumed_from = resolve_resume(self.checkpointer, resume_from or cfg.checkpoint.resume_from,
                                            cfg.checkpoint.resume)
         random.seed(t.seed)
         np.random.seed(t.seed)
         torch.manual_seed(t.seed)
-        self.fsdp = uses_fsdp(self.dims, cfg.parallel)
         init_from = cfg.model.init_from if not self.resumed_from else ""
         # sharded runs build on the meta device and materialize only each rank's shards (a 70B model
         # never exists whole on one rank); tied embeddings and init_from take the whole-model path
@@ -125,39 +129,47 @@ class Trainer:
         self.schedule = LRSchedule(self.optimizer, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup_steps,
                                    total=t.steps, schedule=t.schedule)
         self.loader = make_loader(self.dataset, batch_size=t.micro_batch_size, dp_rank=self.dims.dp_rank,
-                                  dp_size=self.dims.dp, seed=t.seed, shuffle=cfg.data.shuffle)
+                                  dp_size=self.dims.dp, seed=t.seed, shuffle=cfg.data.shuffle,
+                                  global_batch=self.global_batch)
         self.step = 0
         if self.resumed_from:
             self.load(self.resumed_from)
 
     # -- checkpoint state -------------------------------------------------------------------------
-    def _zero_key(self) -> str:
-        return f"zero1_dp{self.dims.dp_rank}_tp{self.dims.tp_rank}"
-
-    def state_dict(self, *, for_load: bool = False) -> dict[str, Any]:
+    def state_dict(self, *, for_load: bool = False, trainer_key: str | None = None) -> dict[str, Any]:
         extra = io.BytesIO()
         if not for_load:
             torch.save({"step": self.step, "schedule": self.schedule.state_dict(), "loader": self.loader.state_dict(),
                         "rng": rng_state()}, extra)
-        if isinstance(self.optimizer, Zero1AdamW):
-            if for_load:
-                self.optimizer.init_state()
-            state = {"model": get_model_state_dict(self.model), "optim": {self._zero_key(): self.optimizer.state_dict()}}
-        else:
+        if self.fsdp:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-        state[f"trainer_rank{self.rank}"] = extra
+        else:
+            if for_load:  # the state must exist for the checkpoint to load into it
+                self.optimizer.init_state() if isinstance(self.optimizer, Zero1AdamW) else \
+                    init_adamw_state(self.optimizer)
+            state = {"model": get_model_state_dict(self.model),
+                     "optim_flat": flat_state(self.optimizer, self.model, self.dims.mesh)}
+        state[trainer_key or f"trainer_rank{self.rank}"] = extra
         return state
 
     def load(self, url: str) -> None:
-        state = self.state_dict(for_load=True)
-        self.checkpointer.load(url, state)
-        if isinstance(self.optimizer, Zero1AdamW):
-            set_model_state_dict(self.model, state["model"])
-            self.optimizer.load_state_dict(state["optim"][self._zero_key()])
-        else:
+        manifest = self.checkpointer.inspect(url)
+        saved = manifest.get("layout") or {}
+        same_world = saved.get("world", self.world_size) == self.world_size
+        key = f"trainer_rank{self.rank}" if same_world else "trainer_rank0"  # every rank's RNG is seeded alike
+        if not same_world and self.rank == 0:
+            log.info("resuming a checkpoint of dp=%s x accum=%s on dp=%d x accum=%d (global batch %d)",
+                     saved.get("dp"), saved.get("accum"), self.dims.dp, self.accum, self.global_batch)
+        state = self.state_dict(for_load=True, trainer_key=key)
+        self.checkpointer.load(url, state, manifest=manifest)
+        if self.fsdp:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = state[f"trainer_rank{self.rank}"]
+        else:
+            set_model_state_dict(self.model, state["model"])
+            if "step" in state["optim_flat"]:
+                set_step(self.optimizer, self.model, state["optim_flat"]["step"])
+        extra = state[key]
         extra.seek(0)
         trainer_state = torch.load(extra, weights_only=False)
         self.step = int(trainer_state["step"])
@@ -264,7 +276,8 @@ class Trainer:
             "tokens_per_s": done * tokens_per_step / elapsed if elapsed > 0 else 0.0,
             "tokens": self.step * tokens_per_step, "metrics_path": self.cfg.metrics_path,
             "num_params": self.model_cfg.num_params(), "world_size": self.world_size,
-            "dp": self.dims.dp, "tp": self.dims.tp, "seq_len": self.seq_len, "global_batch_size": self.global_batch,
+            "dp": self.dims.dp, "tp": self.dims.tp, "accum": self.accum, "seq_len": self.seq_len,
+            "global_batch_size": self.global_batch,
         }
 
 

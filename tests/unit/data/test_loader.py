@@ -89,9 +89,38 @@ def test_exact_resume_across_world_size_preserving_restart(ds, stop_at):
 def test_incompatible_state_and_tiny_dataset():
     ld = BlockLoader(Rows(50), batch_size=4, dp_size=2, seed=0)
     other = BlockLoader(Rows(50), batch_size=4, dp_size=1, seed=0)
-    with pytest.raises(DataError, match="dp_size=2 but this loader has 1"):
+    with pytest.raises(DataError, match="global_batch=8 but this loader has 4"):
         other.load_state_dict(ld.state_dict())
     with pytest.raises(DataError, match="fewer than one global batch"):
         BlockLoader(Rows(5), batch_size=4, dp_size=2)
     with pytest.raises(DataError, match="dp_rank=2"):
         BlockLoader(Rows(50), batch_size=4, dp_rank=2, dp_size=2)
+
+
+def test_resume_with_another_data_parallel_size_continues_the_same_blocks():
+    """8 blocks per optimizer step: 2 ranks x 4, or 1 rank x 4 x 2 accumulation, or 4 ranks x 2."""
+    ds = Rows(203)
+
+    def step_blocks(loaders, micro_steps):
+        return sorted(int(i) for _ in range(micro_steps) for ld in loaders for i in (ld.indices(), next(ld))[0])
+
+    first = [BlockLoader(ds, batch_size=4, dp_rank=r, dp_size=2, seed=3) for r in range(2)]
+    for _ in range(30):  # past the end of the first epoch (25 steps of 8 blocks)
+        step_blocks(first, 1)
+    state = first[1].state_dict()
+    expected = [step_blocks(first, 1) for _ in range(5)]
+    for batch, dp in ((4, 1), (2, 4), (8, 1)):
+        resumed = [BlockLoader(ds, batch_size=batch, dp_rank=r, dp_size=dp, seed=3, global_batch=8) for r in range(dp)]
+        for ld in resumed:
+            ld.load_state_dict(state)
+        assert [step_blocks(resumed, 8 // (batch * dp)) for _ in range(5)] == expected, (batch, dp)
+
+
+def test_resume_off_a_step_boundary_is_refused():
+    ld = BlockLoader(Rows(64), batch_size=4, dp_size=1, seed=0, global_batch=8)
+    next(ld)  # half an optimizer step
+    wide = BlockLoader(Rows(64), batch_size=4, dp_size=2, seed=0, global_batch=8)
+    with pytest.raises(DataError, match="4 blocks into its epoch, not a multiple of this loader's 8"):
+        wide.load_state_dict(ld.state_dict())
+    with pytest.raises(DataError, match="global_batch=12 is not a multiple"):
+        BlockLoader(Rows(64), batch_size=4, dp_size=2, global_batch=12)

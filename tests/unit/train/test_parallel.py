@@ -1,7 +1,8 @@
 """Multi-process training under real torchrun + gloo (2 ranks): TP=2 (with and without sequence
 parallel), ZeRO-1 over 2 ranks and FSDP2 over 2 ranks match a single-process reference; a run stopped
-at step k and resumed gives bitwise the same weights at step n as an uninterrupted one. One test
-runs 4 ranks as a (dp=2, tp=2) mesh."""
+at step k and resumed gives bitwise the same weights at step n as an uninterrupted one, and a checkpoint
+resumes on another data-parallel size (1 -> 2 -> 1 ranks, 1 -> 4 ranks) with the same global batch. One
+test runs 4 ranks as a (dp=2, tp=2) mesh."""
 
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("par")
     data = token_file(tmp / "tokens.bin")
     reference = run_training(job(tmp, data, "reference"))
+    single_stop = run_training(job(tmp, data, "single_stop", train={"stop_after": STOP}))  # for elastic resumes
+    reference["single_stop"] = single_stop["checkpoint"]
     return tmp, data, reference
 
 
@@ -104,9 +107,19 @@ def assert_resume_bitwise(uninterrupted: dict, stopped: dict, resumed: dict) -> 
         assert torch.equal(a[key], b[key]), key
 
 
-def assert_close_losses(got: list[float], want: list[float]) -> None:
-    assert len(got) == len(want) == STEPS
+def assert_close_losses(got: list[float], want: list[float], steps: int = STEPS) -> None:
+    assert len(got) == len(want) == steps
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4)
+
+
+def assert_elastic_resume(resumed: dict, uninterrupted: dict) -> None:
+    """Resumed on another data-parallel size: the same batches, so the same losses and weights up to
+    the order of floating-point sums."""
+    assert resumed["resumed_from"].endswith("step_00000002") and resumed["step"] == STEPS
+    assert_close_losses(resumed["losses"], uninterrupted["losses"][STOP:], steps=STEPS - STOP)
+    a, b = load_weights(uninterrupted["checkpoint"]), load_weights(resumed["checkpoint"])
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-4, rtol=1e-3)
 
 
 def test_tensor_parallel_matches_reference_and_resumes_bitwise(setup):
@@ -139,17 +152,23 @@ def test_zero1_matches_reference_and_resumes_bitwise(setup):
         job(tmp, data, "z_resume", **z, train={"stop_after": STOP}),
         job(tmp, data, "z_resume", **z),
         job(tmp, data, "ddp", parallel={"dp_mode": "ddp"}),  # plain data parallel, unsharded AdamW
+        job(tmp, data, "z_from_1", **z, checkpoint={"resume_from": reference["single_stop"]}),  # 1 rank -> 2
     ]
     (tmp / "z").mkdir()
-    full, stopped, resumed, ddp = torchrun(tmp / "z", jobs)
+    full, stopped, resumed, ddp, from_one = torchrun(tmp / "z", jobs)
     assert_close_losses(ddp["losses"], reference["losses"])
     assert full["dp"] == 2 and full["tp"] == 1 and full["global_batch_size"] == 8
     assert_close_losses(full["losses"], reference["losses"])
     assert_resume_bitwise(full, stopped, resumed)
-    # each rank saved only its half of the optimizer state
-    meta = dcp.FileSystemReader(full["checkpoint"]).read_metadata()
-    zero_keys = {k.split(".")[1] for k in meta.state_dict_metadata if k.startswith("optim.zero1_")}
-    assert zero_keys == {"zero1_dp0_tp0", "zero1_dp1_tp0"}
+    # each rank saved only its half of every optimizer moment (one DTensor, two chunks)
+    meta = dcp.FileSystemReader(full["checkpoint"]).read_metadata().state_dict_metadata
+    moment = meta["optim_flat.layers.0.attention.wq.weight.exp_avg"]
+    assert [tuple(c.sizes) for c in moment.chunks] == [(1, 2048), (1, 2048)] and tuple(moment.size) == (1, 4096)
+    # the same global batch on another data-parallel size: 1 -> 2 ranks, and 2 ranks -> 1 (accumulating 2)
+    assert_elastic_resume(from_one, reference)
+    to_one = run_training(job(tmp, data, "z_to_1", checkpoint={"resume_from": stopped["checkpoint"]}))
+    assert to_one["dp"] == 1 and to_one["accum"] == 2
+    assert_elastic_resume(to_one, full)
 
 
 def test_fsdp2_matches_reference_and_resumes(setup):
@@ -177,9 +196,13 @@ def test_2d_mesh_zero1_and_fsdp_with_tp(setup):
         job(tmp, data, "d2_resume", **z, train={"stop_after": STOP}),
         job(tmp, data, "d2_resume", **z),
         job(tmp, data, "d2_fsdp", parallel={"tp": 2, "dp_mode": "fsdp", "sequence_parallel": True}),
+        job(tmp, data, "dp4_from_1", parallel={"dp_mode": "zero1"}, train={"micro_batch_size": 2},
+            checkpoint={"resume_from": reference["single_stop"]}),  # 1 rank -> 4 ZeRO-1 ranks
     ]
     (tmp / "d2").mkdir()
-    full, stopped, resumed, fsdp = torchrun(tmp / "d2", jobs, nproc=4)
+    full, stopped, resumed, fsdp, dp4 = torchrun(tmp / "d2", jobs, nproc=4)
+    assert dp4["dp"] == 4
+    assert_elastic_resume(dp4, reference)
     assert (full["dp"], full["tp"], fsdp["dp"], fsdp["tp"]) == (2, 2, 2, 2)
     assert_close_losses(full["losses"], reference["losses"])
     assert_close_losses(fsdp["losses"], reference["losses"])
