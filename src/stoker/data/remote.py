@@ -10,10 +10,10 @@ the same readers as local files; each is deleted once read. S3 goes through boto
 
 from __future__ import annotations
 
-import re
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
 from stoker.data import layout
@@ -23,41 +23,43 @@ from stoker.errors import DataError
 _GLOB_CHARS = "*?["
 
 
-def _glob_regex(pattern: str) -> re.Pattern:
-    """``**`` crosses folders, ``*`` and ``?`` stay within one, ``[...]`` as in shell globs."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
-            end = pattern.index("]", i + 1)
-            out.append("[" + pattern[i + 1:end].replace("!", "^", 1) + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + r"\Z")
+def glob_match(pattern: str, path: str) -> bool:
+    """Shell-glob matching of ``/``-separated paths: ``**`` spans any number of folders, ``*``, ``?`` and
+    ``[...]`` stay within one name (``fnmatch`` per name), and wildcards skip names starting with a dot
+    unless the pattern's name does (as ``glob`` does)."""
+    return _match(pattern.split("/"), path.split("/"))
 
 
-def _listing(fs, prefix: str) -> list[tuple[str, int, str]]:
-    """(path, size, version) of every object under ``prefix``."""
+def _match(pattern: list[str], parts: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    head = pattern[0]
+    if head == "**":
+        for i in range(len(parts) + 1):
+            if _match(pattern[1:], parts[i:]):
+                return True
+            if i < len(parts) and parts[i].startswith("."):
+                return False
+        return False
+    if not parts or (parts[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatchcase(parts[0], head) and _match(pattern[1:], parts[1:])
+
+
+def _listing(fs, prefix: str, spec: str) -> list[tuple[str, int, str]]:
+    """(path, size, version) of every object whose path starts with ``prefix``."""
     if isinstance(fs, layout.S3Files):
         return fs.listing(prefix)
     folder = prefix if prefix.endswith("/") or "/" not in prefix else prefix.rsplit("/", 1)[0]
     try:
         found = fs.find(folder, detail=True)  # fsspec lists folders, not key prefixes
+        if not found and fs.isfile(prefix):
+            found = {prefix: fs.info(prefix)}
     except FileNotFoundError:
         return []
+    except Exception as exc:  # the driver's own errors (permissions, network)
+        raise DataError(f"{spec}: listing failed ({type(exc).__name__}: {exc}); check the URL and your "
+                        "credentials for it") from None
     return sorted((p, int(info.get("size") or 0), str(info.get("ETag") or info.get("mtime") or
                                                         info.get("created") or ""))
                   for p, info in found.items() if p.startswith(prefix))
@@ -87,18 +89,25 @@ class RemoteFileSource(FileSource):
                 return pool.submit(self.fs.get_file, self.objects[i][0], str(local)), local
 
             pending = fetch(0) if self.objects else None
-            for i, (fmt, compression) in enumerate(self.formats):
-                future, local = pending
-                try:
-                    future.result()
-                except DataError:
-                    raise
-                except Exception as exc:  # fsspec drivers raise their own errors
-                    raise DataError(f"{self.url(self.objects[i][0])}: download failed ({exc}); check it still "
-                                    "exists and you can read it") from None
-                pending = fetch(i + 1) if i + 1 < len(self.objects) else None
-                yield from self.read(local, fmt, compression, self.url(self.objects[i][0]))
-                local.unlink(missing_ok=True)
+            try:
+                for i, (fmt, compression) in enumerate(self.formats):
+                    future, local = pending
+                    self._downloaded(future, i)
+                    pending = fetch(i + 1) if i + 1 < len(self.objects) else None  # the next one meanwhile
+                    yield from self.read(local, fmt, compression, self.url(self.objects[i][0]))
+                    local.unlink(missing_ok=True)
+            finally:
+                if pending is not None:
+                    pending[0].cancel()  # stopped early: no need to fetch a file nobody will read
+
+    def _downloaded(self, future, i: int) -> None:
+        try:
+            future.result()
+        except DataError:
+            raise
+        except Exception as exc:  # fsspec drivers raise their own errors
+            raise DataError(f"{self.url(self.objects[i][0])}: download failed ({exc}); check it still exists "
+                            "and you can read it") from None
 
 
 def remote_source(spec: str, **options) -> RemoteFileSource:
@@ -106,24 +115,24 @@ def remote_source(spec: str, **options) -> RemoteFileSource:
     protocol = spec.split("://", 1)[0]
     fs, path = layout.filesystem(spec)
     cut = min((path.index(c) for c in _GLOB_CHARS if c in path), default=None)
-    prefix = path if cut is None else path[:cut]
-    objects = _listing(fs, prefix)
-    if cut is not None:
-        match = _glob_regex(path).match
-        objects = [o for o in objects if match(o[0])]
-    else:
-        objects = [o for o in objects if o[0] == path or o[0].startswith(path + "/")]
-        if len(objects) > 1 or (objects and objects[0][0] != path):  # a "folder": keep the corpus files in it
-            objects = [o for o in objects if _supported(o[0])]
+    objects = _listing(fs, path if cut is None else path[:cut], spec)
+    exact = [o for o in objects if o[0] == path]  # one object (even one whose name holds glob characters)
+    if exact:
+        objects = exact
+    elif cut is not None:
+        objects = [o for o in objects if glob_match(path, o[0])]
+    else:  # a "folder": the corpus files under it (not in dot-folders below it)
+        objects = [o for o in objects if o[0].startswith(path + "/") and _supported(o[0][len(path) + 1:])]
     if not objects:
         raise DataError(f"source {spec!r} matches no objects; check the bucket and prefix (a folder prefix, a "
                         "glob like s3://bucket/raw/*.jsonl.gz, or one object) and STOKER_S3_ENDPOINT_URL")
     return RemoteFileSource(spec, fs, protocol, objects, **options)
 
 
-def _supported(path: str) -> bool:
+def _supported(relative: str) -> bool:
+    """A corpus file type, not inside a dot-folder (or a dot-file) below the folder that was named."""
     try:
-        file_format(PurePosixPath(path))
+        file_format(PurePosixPath(relative))
     except DataError:
         return False
-    return not any(part.startswith(".") for part in PurePosixPath(path).parts)
+    return not any(part.startswith(".") for part in PurePosixPath(relative).parts)

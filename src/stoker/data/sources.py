@@ -253,7 +253,8 @@ def _expand(spec: str) -> list[Path]:
     if path.is_file():
         return [path.resolve()]
     if path.is_dir():
-        found = [p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.parts)]
+        found = [p for p in path.rglob("*")  # skip dot-files and dot-folders below the folder, not above it
+                 if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts)]
         supported = []
         for p in found:
             try:

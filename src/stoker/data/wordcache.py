@@ -155,7 +155,8 @@ class WordCache:
         if self.lines and "\n" in text:  # a line break starts a key: "a\nb" -> "a", "\nb"
             text = text.replace("\n", " \n")
         keys = text.split(" ")
-        if not keys[0] and len(keys) > 1 and keys[1][:1] != "\n":  # leading spaces join the first word
+        if not keys[0] and len(keys) > 1 and not (self.lines and keys[1][:1] == "\n"):  # leading spaces join
+            # the first word (with line keys, a space before a line break is a key alone)
             keys[0:2] = [_RUN + keys[1]]
         return keys
 
@@ -163,7 +164,8 @@ class WordCache:
         """Encode the keys new to the cache, in the order they were given indices."""
         encoded = self.sp.encode([k.replace(_RUN, " ") for k in missing], num_threads=self.num_threads)
         skip = len(self._lone)  # "\nword" encodes as "▁\nword": drop the ids of the leading lone "▁"
-        encoded = [e[skip:] if k[:1] == "\n" else e for k, e in zip(missing, encoded, strict=True)]
+        if self.lines:
+            encoded = [e[skip:] if k[:1] == "\n" else e for k, e in zip(missing, encoded, strict=True)]
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
         ids = np.fromiter(chain.from_iterable(encoded), np.int32, int(lengths.sum()))
         self.offsets = np.concatenate([self.offsets, len(self.flat) + np.cumsum(lengths) - lengths])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stoker.data import DataError, open_dataset, prepare
-from stoker.data.remote import _glob_regex
+from stoker.data.remote import glob_match
 from stoker.data.sources import resolve_source
 
 pytestmark = pytest.mark.aws
@@ -87,7 +87,27 @@ def test_fsspec_memory_filesystem(tmp_path, docs):
     ("b/raw/*.txt", "b/raw/a.txt", True), ("b/raw/*.txt", "b/raw/x/a.txt", False),
     ("b/raw/**/*.txt", "b/raw/a.txt", True), ("b/raw/**/*.txt", "b/raw/x/y/a.txt", True),
     ("b/raw/part-?.txt", "b/raw/part-1.txt", True), ("b/raw/[ab].txt", "b/raw/c.txt", False),
-    ("b/raw/*.txt", "b/raw/a.txt.gz", False),
+    ("b/raw/*.txt", "b/raw/a.txt.gz", False), ("b/raw/*.txt", "b/raw/.hidden.txt", False),
+    ("b/raw/**/*.txt", "b/raw/.git/a.txt", False), ("b/raw/.*.txt", "b/raw/.hidden.txt", True),
+    ("b/raw/a[!x]b.txt", "b/raw/a!b.txt", True), ("b/raw/a[!x]b.txt", "b/raw/axb.txt", False),
+    ("b/raw/a[x!]b.txt", "b/raw/a!b.txt", True), ("b/raw/a[]]b.txt", "b/raw/a]b.txt", True),
+    ("b/raw/a[!]b.txt", "b/raw/a[!]b.txt", True),
 ])
 def test_glob_semantics(pattern, path, hit):
-    assert bool(_glob_regex(pattern).match(path)) is hit
+    assert glob_match(pattern, path) is hit
+
+
+def test_dot_folders_in_the_named_prefix_and_literal_brackets(tmp_path, s3, docs):
+    s3.put_object(Bucket="data", Key=".staging/raw/a.txt", Body=docs[0].encode())
+    s3.put_object(Bucket="data", Key=".staging/raw/.cache/b.txt", Body=b"skipped: a dot-folder below the prefix")
+    s3.put_object(Bucket="data", Key="odd/file[1].txt", Body=docs[1].encode())
+    assert list(resolve_source("s3://data/.staging/raw/").documents()) == [docs[0]]
+    assert list(resolve_source("s3://data/odd/file[1].txt").documents()) == [docs[1]]
+
+
+def test_stopping_early_cleans_up(s3, docs):
+    for i in range(3):
+        s3.put_object(Bucket="data", Key=f"many/{i}.txt", Body=docs[i].encode())
+    gen = resolve_source("s3://data/many/").documents()
+    assert next(gen) == docs[0]
+    gen.close()  # the temporary folder and the pending download go away

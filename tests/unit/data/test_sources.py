@@ -113,3 +113,13 @@ def test_fingerprint_changes_with_content(tmp_path):
     assert resolve_source(str(path)).fingerprint() == fp1
     path.write_text("one two")
     assert resolve_source(str(path)).fingerprint() != fp1
+
+
+def test_folder_inside_a_dot_folder(tmp_path, docs):
+    """A corpus under ~/.cache/... is read; dot-files and dot-folders below the named folder are not."""
+    folder = tmp_path / ".cache" / "corpus"
+    (folder / ".git").mkdir(parents=True)
+    (folder / "a.txt").write_text(docs[0])
+    (folder / ".hidden.txt").write_text("skipped")
+    (folder / ".git" / "b.txt").write_text("skipped")
+    assert list(resolve_source(str(folder)).documents()) == [docs[0]]

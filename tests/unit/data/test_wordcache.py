@@ -80,12 +80,16 @@ def test_texts_holding_the_placeholder_go_to_sentencepiece():
     assert_same_as_sentencepiece(tok, texts)
 
 
-def test_identity_bpe_model_qualifies(tmp_path):
+@pytest.mark.parametrize("byte_fallback", [True, False])
+def test_identity_bpe_model_qualifies(tmp_path, byte_fallback):
+    """With byte fallback a line break is a byte piece (line keys on); without, it is an unknown character,
+    which SentencePiece fuses with its unknown neighbours, so lines stay inside the words (line keys off)."""
     path = trained_model(tmp_path, "bpe", model_type="bpe", normalization_rule_name="identity",
-                         remove_extra_whitespaces=False, byte_fallback=True)
+                         remove_extra_whitespaces=False, byte_fallback=byte_fallback)
     tok = load_tokenizer(path)
-    assert tok.words is not None
+    assert tok.words is not None and tok.words.lines is byte_fallback
     assert_same_as_sentencepiece(tok, random_texts(2000, seed=2))
+    assert_same_as_sentencepiece(tok, [" \n", "a \nb", " \n x", "日本 \n\n 😀"])
 
 
 @pytest.mark.parametrize(("name", "options", "reason"), [
