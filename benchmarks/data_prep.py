@@ -61,28 +61,16 @@ def run_stoker(corpus: Path, tokenizer: str, block_size: int, out: Path) -> tupl
 
 def hf_fast_tokenizer(tok):
     """What the recipe's ``AutoTokenizer.from_pretrained`` yields for a Llama folder: a ``tokenizers`` (Rust) BPE
-    built from the same SentencePiece model (transformers' LlamaConverter, done here without protobuf), adding
-    BOS and EOS like stoker. ``main`` checks that it produces exactly the same ids."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, processors
+    built from the same SentencePiece model (transformers' LlamaConverter, done by stoker without protobuf),
+    adding BOS and EOS like stoker. ``main`` checks that it produces exactly the same ids."""
     from transformers import PreTrainedTokenizerFast
 
+    from stoker.data.hf_tokenizer import sentencepiece_to_tokenizers
+
     sp = tok.sp
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-    merges = []
-    for piece, pid in vocab.items():
-        local = [(piece[:k], piece[k:], sp.get_score(pid)) for k in range(1, len(piece))
-                 if piece[:k] in vocab and piece[k:] in vocab]
-        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
-    merges.sort(key=lambda m: m[2], reverse=True)
-    bos, eos, unk = sp.id_to_piece(tok.bos_id), sp.id_to_piece(tok.eos_id), sp.id_to_piece(sp.unk_id())
-    rust = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for a, b, _ in merges], unk_token=unk, fuse_unk=True,
-                                byte_fallback=True))
-    rust.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    rust.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                      decoders.Strip(" ", 1, 0)])
-    rust.post_processor = processors.TemplateProcessing(single=f"{bos} $A {eos}",
-                                                        special_tokens=[(bos, tok.bos_id), (eos, tok.eos_id)])
-    return PreTrainedTokenizerFast(tokenizer_object=rust, bos_token=bos, eos_token=eos, unk_token=unk,
+    rust = sentencepiece_to_tokenizers(tok, add_bos=True, add_eos=True)
+    return PreTrainedTokenizerFast(tokenizer_object=rust, bos_token=sp.id_to_piece(tok.bos_id),
+                                   eos_token=sp.id_to_piece(tok.eos_id), unk_token=sp.id_to_piece(sp.unk_id()),
                                    model_max_length=1 << 40)
 
 

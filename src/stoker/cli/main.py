@@ -24,6 +24,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         namespace(None)
     flows = [Flow(args.flow)] if args.flow else list(Metaflow())
     table = Table("flow", "run", "status", "user", "started", "took", "tags", box=None, header_style="bold")
+    table.columns[1].no_wrap, table.columns[1].min_width = True, 16  # the run id must stay copyable
     for flow in flows:
         for i, run in enumerate(flow.runs()):
             if i >= args.limit:

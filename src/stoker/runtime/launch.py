@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -137,8 +138,17 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
         for f in result.failures:
             display.info(f, style="red")
         display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; "
-                     f"continue it with `python {os.path.basename(flow_file)} resume {run_id}`", style="bold red")
+                     f"continue it with `python {_as_invoked(flow_file)} resume {run_id}`", style="bold red")
     return result
+
+
+def _as_invoked(flow_file: str) -> str:
+    """The script the user ran (``sys.argv[0]``, e.g. a wrapper of a packaged flow), else the flow file,
+    as it can be typed from here (relative to the current folder when inside it)."""
+    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") and os.path.isfile(sys.argv[0]) else flow_file
+    path = os.path.abspath(script)
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
 
 
 def _finish_record(store: BlobStore, db: MetadataDB, record: dict, status: str) -> None:

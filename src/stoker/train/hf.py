@@ -247,9 +247,16 @@ def _copy_tokenizer(tokenizer: str | os.PathLike[str], out: Path) -> list[str]:
     else:
         raise ConfigError(f"export: tokenizer {src} does not exist; give a tokenizer.model/tokenizer.json file "
                           "or a folder holding them")
-    for f in found:
-        shutil.copyfile(f, out / f.name)
-    return [f.name for f in found]
+    names = []
+    for f in found:  # a SentencePiece file under another name (mistral-common's tokenizer.model.v1) -> tokenizer.model
+        name = "tokenizer.model" if f.name.startswith("tokenizer.model") or f.suffix == ".model" else f.name
+        shutil.copyfile(f, out / name)
+        names.append(name)
+    if "tokenizer.model" in names and "tokenizer.json" not in names:
+        from stoker.data.hf_tokenizer import write_hf_tokenizer
+
+        names += write_hf_tokenizer(out / "tokenizer.model", out)  # AutoTokenizer needs no protobuf then
+    return names
 
 
 def export_hf(model_or_state_dict: nn.Module | Mapping[str, Any], cfg: LlamaConfig, out_dir: str | os.PathLike[str],

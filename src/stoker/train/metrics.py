@@ -46,12 +46,13 @@ class MetricsWriter:
             except ImportError:
                 log.debug("tensorboard not installed; metrics go to %s only", self.path)
         if progress:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"), transient=False,
-            )
+                TextColumn("{task.fields[info]}"), transient=False, console=Console(stderr=True),
+            )  # stdout carries only the result line (pipe it to jq)
             self._progress.start()
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
 

@@ -78,3 +78,20 @@ def test_missing_and_unknown_tokenizer(tmp_path):
         load_tokenizer(tmp_path / "empty.model")
     with pytest.raises(DataError, match="holds no tokenizer"):
         load_tokenizer(tmp_path)
+
+
+def test_sentencepiece_as_hf_tokenizers_gives_the_same_ids():
+    """The tokenizer.json written next to exported models (no protobuf needed) encodes like SentencePiece."""
+    import random
+
+    from stoker.data.hf_tokenizer import sentencepiece_to_tokenizers
+    from stoker.data.sources import shakespeare_files
+
+    tok = load_tokenizer("llama")
+    rust = sentencepiece_to_tokenizers(tok, add_bos=False)
+    rng = random.Random(0)
+    alphabet = [" ", "  ", "a", "the", "\n", "\t", "é", "日本", "😀", "1", ".", "\u2581"]
+    texts = [p.read_text(encoding="utf-8")[:20_000] for p in shakespeare_files()[:5]]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20))) for _ in range(1000)]
+    assert [e.ids for e in rust.encode_batch(texts)] == tok.sp.encode(texts)
+    assert sentencepiece_to_tokenizers(tok, add_eos=True).encode("x").ids == [tok.bos_id, *tok.sp.encode("x"), tok.eos_id]

@@ -129,14 +129,19 @@ def test_export_round_trip_through_transformers(case, tmp_path):
 def test_bf16_sharded_export_with_tokenizer(tmp_path):
     cfg = CASES["gqa"]
     model = _stoker(cfg)
-    tok = tmp_path / "tokenizer.model"
-    tok.write_bytes(b"\x0a\x05hello-sentencepiece-bytes")
+    from stoker.data.tokenizer import load_tokenizer, resolve_tokenizer_path
+
+    tok, _ = resolve_tokenizer_path("llama")  # mistral-common's tokenizer.model.v1
     out = export_hf(model, cfg, tmp_path / "hf", tokenizer=tok, bos_token_id=5, eos_token_id=6,
                     max_shard_bytes=40_000)  # default dtype bf16; small shards -> several files + index
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert not (out / "model.safetensors").exists()
-    assert (out / "tokenizer.model").read_bytes() == tok.read_bytes()
+    assert (out / "tokenizer.model").read_bytes() == tok.read_bytes()  # under the name transformers expects
+    text = "Now is the winter of our discontent\n  Made glorious summer"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))  # from tokenizer.json: no protobuf needed
+    assert hf_tok(text)["input_ids"] == [1, *load_tokenizer("llama").sp.encode(text)]
+    assert hf_tok.decode(hf_tok(text)["input_ids"], skip_special_tokens=True) == text
     conf = json.loads((out / "config.json").read_text())
     assert conf["bos_token_id"] == 5 and conf["eos_token_id"] == 6
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 6
