@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 from stoker import Config, FlowSpec, current, retry, step, torchrun
+from stoker.errors import ConfigError
+from stoker.flow.parameters import load_config_file
 
 DEFAULT_CONFIG = Path(__file__).with_name("llama_pretrain.toml")
 TRAIN_SECTIONS = ("train", "parallel", "checkpoint")
@@ -48,10 +50,36 @@ def committed(url: str) -> bool:
     return fs.exists(f"{path}/latest")
 
 
+def merged_over_defaults(text: str) -> dict:
+    """A ``--config`` file (TOML or JSON) is merged over the embedded defaults: give only what changes."""
+    try:
+        user = json.loads(text) if text.lstrip().startswith("{") else _toml(text)
+    except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+        raise ConfigError(f"the --config file cannot be parsed ({exc}); fix it, or start from a copy of "
+                          f"{DEFAULT_CONFIG}") from None
+    return _merge(load_config_file(DEFAULT_CONFIG), user)
+
+
+def _toml(text: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 class LlamaPretrain(FlowSpec):
     """Pretrain a Llama-family model from a corpus, end to end."""
 
-    config = Config("config", default=str(DEFAULT_CONFIG), help="pipeline TOML (data, cluster, model, train, ...)")
+    config = Config("config", default=str(DEFAULT_CONFIG), parser=merged_over_defaults,
+                    help="pipeline TOML (data, cluster, model, train, ...), merged over the embedded defaults")
 
     @step
     def start(self):

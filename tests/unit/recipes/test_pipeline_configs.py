@@ -48,3 +48,18 @@ def test_a_tp_degree_that_does_not_divide_the_heads_is_rejected():
     cfg = load_config(None, train_overrides(raw))
     with pytest.raises(ConfigError, match="tp=3"):
         ParallelDims(dp=-1, tp=3, world_size=6).validate_model(cfg.model.resolve())
+
+
+def test_a_config_file_is_merged_over_the_defaults():
+    from stoker.flow.parameters import Config
+    from stoker.recipes.llama_pretrain import LlamaPretrain
+
+    defaults = load_config_file(DEFAULT_CONFIG)
+    partial = LlamaPretrain.config.parser("[train]\nsteps = 6\n")
+    assert partial["train"]["steps"] == 6 and partial["train"]["lr"] == defaults["train"]["lr"]
+    assert partial["data"] == defaults["data"] and partial["cluster"] == defaults["cluster"]
+    assert LlamaPretrain.config.parser('{"cluster": {"nodes": 1}}')["cluster"]["nproc_per_node"] == \
+        defaults["cluster"]["nproc_per_node"]
+    assert isinstance(LlamaPretrain.config, Config)
+    with pytest.raises(ConfigError, match="cannot be parsed.*start from a copy of"):
+        LlamaPretrain.config.parser("[train\n")
