@@ -173,17 +173,21 @@ def load_config_file(path: str | os.PathLike) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist: pass an existing TOML or JSON file")
-    text = p.read_text()
     try:
-        if p.suffix in (".json",):
-            return json.loads(text)
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
-        return tomllib.loads(text)
+        return parse_config_text(p.read_text(), json_format=p.suffix == ".json")
     except Exception as e:  # noqa: BLE001 - any parse error is the user's file
         raise ConfigError(f"config file {p} cannot be parsed: {e}") from None
+
+
+def parse_config_text(text: str, json_format: bool | None = None) -> dict:
+    """TOML or JSON text (JSON when ``json_format``, or when None and it starts with ``{``) as a dict."""
+    if json_format or (json_format is None and text.lstrip().startswith("{")):
+        return json.loads(text)
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
 
 
 def parse_override_value(text: str) -> Any:

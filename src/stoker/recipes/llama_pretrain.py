@@ -17,7 +17,7 @@ from pathlib import Path
 
 from stoker import Config, FlowSpec, current, retry, step, torchrun
 from stoker.errors import ConfigError
-from stoker.flow.parameters import load_config_file
+from stoker.flow.parameters import load_config_file, parse_config_text
 
 DEFAULT_CONFIG = Path(__file__).with_name("llama_pretrain.toml")
 TRAIN_SECTIONS = ("train", "parallel", "checkpoint")
@@ -53,19 +53,11 @@ def committed(url: str) -> bool:
 def merged_over_defaults(text: str) -> dict:
     """A ``--config`` file (TOML or JSON) is merged over the embedded defaults: give only what changes."""
     try:
-        user = json.loads(text) if text.lstrip().startswith("{") else _toml(text)
+        user = parse_config_text(text)
     except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         raise ConfigError(f"the --config file cannot be parsed ({exc}); fix it, or start from a copy of "
                           f"{DEFAULT_CONFIG}") from None
     return _merge(load_config_file(DEFAULT_CONFIG), user)
-
-
-def _toml(text: str) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    return tomllib.loads(text)
 
 
 def _merge(base: dict, top: dict) -> dict:
