@@ -1,7 +1,8 @@
 """Multi-process training under real torchrun + gloo (2 ranks): TP=2 (with and without sequence
 parallel), ZeRO-1 over 2 ranks and FSDP2 over 2 ranks match a single-process reference; a run stopped
 at step k and resumed gives bitwise the same weights at step n as an uninterrupted one, and a checkpoint
-resumes on another data-parallel size (1 -> 2 -> 1 ranks, 1 -> 4 ranks) with the same global batch. One
+resumes on another data-parallel size (1 -> 2 -> 1 ranks, 1 -> 4 ranks; FSDP2 2 -> 4) with the same global
+batch. One
 test runs 4 ranks as a (dp=2, tp=2) mesh."""
 
 from __future__ import annotations
@@ -185,6 +186,12 @@ def test_fsdp2_matches_reference_and_resumes(setup):
     assert full["dp"] == 2
     assert_close_losses(full["losses"], reference["losses"])
     assert_resume_bitwise(full, stopped, resumed)
+    # FSDP2's sharded state reshards too: the 2-rank checkpoint resumes on 4 ranks
+    (tmp / "f4").mkdir()
+    wider = job(tmp, data, "f4", **f, train={"micro_batch_size": 2}, checkpoint={"resume_from": stopped["checkpoint"]})
+    (on_four,) = torchrun(tmp / "f4", [wider], nproc=4)
+    assert on_four["dp"] == 4
+    assert_elastic_resume(on_four, full)
 
 
 def test_2d_mesh_zero1_and_fsdp_with_tp(setup):
