@@ -46,11 +46,12 @@ def _match(pattern: list[str], parts: list[str]) -> bool:
     return fnmatchcase(parts[0], head) and _match(pattern[1:], parts[1:])
 
 
-def _listing(fs, prefix: str, spec: str) -> list[tuple[str, int, str]]:
-    """(path, size, version) of every object whose path starts with ``prefix``."""
+def _listing(fs, prefix: str, spec: str, whole: bool) -> list[tuple[str, int, str]]:
+    """(path, size, version) of every object whose path starts with ``prefix`` (``whole``: the prefix is a
+    whole folder or object name, not the start of a glob)."""
     if isinstance(fs, layout.S3Files):
         return fs.listing(prefix)
-    folder = prefix if prefix.endswith("/") or "/" not in prefix else prefix.rsplit("/", 1)[0]
+    folder = prefix if whole or prefix.endswith("/") or "/" not in prefix else prefix.rsplit("/", 1)[0]
     try:
         found = fs.find(folder, detail=True)  # fsspec lists folders, not key prefixes
         if not found and fs.isfile(prefix):
@@ -115,7 +116,7 @@ def remote_source(spec: str, **options) -> RemoteFileSource:
     protocol = spec.split("://", 1)[0]
     fs, path = layout.filesystem(spec)
     cut = min((path.index(c) for c in _GLOB_CHARS if c in path), default=None)
-    objects = _listing(fs, path if cut is None else path[:cut], spec)
+    objects = _listing(fs, path if cut is None else path[:cut], spec, whole=cut is None)
     exact = [o for o in objects if o[0] == path]  # one object (even one whose name holds glob characters)
     if exact:
         objects = exact
