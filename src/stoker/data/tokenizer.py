@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from stoker._hashing import sha256_file
-from stoker.data.wordcache import WordCache
+from stoker.data.wordcache import Balancer, WordCache
 from stoker.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -118,11 +118,12 @@ class SentencePieceTokenizer(Tokenizer):
         self.pad_id = int(self.sp.pad_id()) if self.sp.pad_id() >= 0 else None
         self.words, reason = WordCache.for_model(self.sp, self.num_threads)
         self.splits_long_texts = self.words is not None
+        self._balancer = Balancer(self.words, self.num_threads) if self.words is not None else None
         logger.debug("%s: word cache %s", path, "on" if self.words else f"off ({reason})")
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        if self.words is not None:
-            return self.words.encode_batch(list(texts))
+        if self._balancer is not None:
+            return self._balancer.encode_batch(list(texts))
         return self.sp.encode(list(texts), return_type="numpy", num_threads=self.num_threads,
                               add_bos=False, add_eos=False)
 

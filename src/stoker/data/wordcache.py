@@ -17,6 +17,8 @@ hold, the tokenizer simply uses SentencePiece for everything.
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 
 import numpy as np
@@ -217,3 +219,39 @@ class WordCache:
                 return None, f"self-test: {text!r} gives {got.tolist()} instead of {want}"
         cache._reset()
         return cache, None
+
+
+class Balancer:
+    """Shares each batch between the word cache (Python, so one core) and SentencePiece itself on the other
+    cores (its thread pool runs without the GIL), in proportion to the throughput each showed on the
+    batches so far. On 2 cores nearly everything goes to the cache; on 16 or 64 cores SentencePiece takes
+    the larger part and the cache adds one core's worth on top, so a prepare keeps up with the encoder's
+    all-core speed on any machine. Both give the same ids, so the split never changes the output."""
+
+    def __init__(self, cache: WordCache, threads: int) -> None:
+        self.cache, self.threads = cache, max(1, threads)
+        self.rates = {"cache": 20e6, "sp": 1.5e6 * (self.threads - 1)}  # chars/s, replaced by measurements
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _direct(self, texts: list[str]) -> tuple[list, float]:
+        start = time.perf_counter()
+        out = self.cache.sp.encode(texts, num_threads=self.threads - 1, return_type="numpy")
+        return out, time.perf_counter() - start
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        if self.threads < 2 or len(texts) < 2:
+            return self.cache.encode_batch(texts)
+        sizes = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)))
+        share = self.rates["sp"] / (self.rates["sp"] + self.rates["cache"])
+        k = min(len(texts) - 1, max(1, int(np.searchsorted(sizes, share * sizes[-1]))))  # texts[:k] -> SentencePiece
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="stoker-sentencepiece")
+        future = self._pool.submit(self._direct, texts[:k])
+        start = time.perf_counter()
+        cached = self.cache.encode_batch(texts[k:])
+        cache_s = time.perf_counter() - start
+        direct, direct_s = future.result()
+        for key, chars, seconds in (("sp", sizes[k - 1], direct_s), ("cache", sizes[-1] - sizes[k - 1], cache_s)):
+            if seconds > 1e-3:
+                self.rates[key] = 0.5 * self.rates[key] + 0.5 * float(chars) / seconds
+        return [np.asarray(e, dtype=np.int32) for e in direct] + cached

@@ -114,3 +114,19 @@ def test_the_vocabulary_check_is_needed(tmp_path):
     texts = [p.read_text(encoding="utf-8")[:2000] for p in shakespeare_files()[:3]]
     forced = WordCache(sp, num_threads=1).encode_batch(texts)
     assert any(f.tolist() != e for f, e in zip(forced, sp.encode(texts), strict=True))
+
+
+def test_balancer_shares_batches_with_sentencepiece_and_learns_the_rates():
+    from stoker.data.wordcache import Balancer
+
+    tok = load_tokenizer("llama")
+    plays = [p.read_text(encoding="utf-8")[:30_000] for p in shakespeare_files()[:12]]
+    many_cores = Balancer(WordCache(tok.sp, num_threads=1), threads=64)
+    assert many_cores.rates["sp"] > many_cores.rates["cache"]  # most of a batch goes to SentencePiece
+    two = Balancer(WordCache(tok.sp, num_threads=1), threads=2)
+    before = dict(two.rates)
+    for _ in range(2):
+        assert [a.tolist() for a in two.encode_batch(plays)] == tok.sp.encode(plays)
+        assert [a.tolist() for a in many_cores.encode_batch(plays)] == tok.sp.encode(plays)
+    assert two.rates != before and all(rate > 0 for rate in two.rates.values())
+    assert len(two.cache) > 1 and len(many_cores.cache) > 1  # both paths took part
