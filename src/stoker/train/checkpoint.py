@@ -45,7 +45,7 @@ def rng_state() -> dict[str, Any]:
     """Every RNG a training step may touch (torch CPU/CUDA, numpy, python)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # this rank's device only: a resume may see fewer GPUs
     return state
 
 
@@ -54,7 +54,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, list | tuple):  # older checkpoints kept every visible device's state
+            cuda = cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _rank() -> int:
@@ -142,11 +146,12 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = False,
                  fingerprint: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                 layout: dict[str, Any] | None = None) -> None:
+                 layout: dict[str, Any] | None = None, hints: dict[str, str] | None = None) -> None:
         self.store = _Store(directory)
         self.directory = directory
         self.keep, self.async_save = keep, async_save
         self.fingerprint, self.config, self.layout = fingerprint or {}, config or {}, layout or {}
+        self.hints = hints or {}  # fingerprint key -> what the user can do about a difference
         self._pending: tuple[Future, int, str] | None = None
         self._async_group: Any = None
         if _rank() == 0:
@@ -255,9 +260,15 @@ class Checkpointer:
 
     def check_fingerprint(self, manifest: dict[str, Any], where: str) -> None:
         theirs = manifest.get("fingerprint", {})
+        missing = sorted(set(self.fingerprint) - set(theirs))
+        if missing and theirs:
+            raise CheckpointError(
+                f"checkpoint {where} was written by an earlier stoker version (its manifest has no {missing}); "
+                "resume it with that version, or start afresh: checkpoint.resume=\"never\" or a new checkpoint.dir")
         diff = sorted(k for k in set(theirs) | set(self.fingerprint) if theirs.get(k) != self.fingerprint.get(k))
         if diff:
-            detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {self.fingerprint.get(k)!r}" for k in diff)
+            detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {self.fingerprint.get(k)!r}"
+                               + (f" ({self.hints[k]})" if k in self.hints else "") for k in diff)
             raise CheckpointError(
                 f"checkpoint {where} was written by another configuration ({detail}); resume with the same model "
                 "and parallel layout, or point checkpoint.dir at a new folder to start afresh"

@@ -2,7 +2,7 @@
 
 For every parameter (by name) the two moments are stored as a tensor of global shape ``[tp, n]``: row
 ``t`` is tensor-parallel rank ``t``'s local shard, flattened (``n`` elements; ``tp`` is 1 for parameters
-that are not tensor-parallel). ZeRO-1 ranks hold
+that are not sharded over tensor parallelism). ZeRO-1 ranks hold
 contiguous slices of a row (``Shard(1)`` over the ``dp`` mesh dimension), replicated optimizers (DDP,
 or a single data-parallel rank) hold whole rows (``Replicate()``); the ``tp`` dimension is
 ``Shard(0)``. ``torch.distributed.checkpoint`` reshards between any of these on load, so a run saved by
@@ -73,7 +73,9 @@ def flat_state(optimizer: Any, model: nn.Module, mesh: Any) -> dict[str, Any]:
     for name, p, st, lo, hi, n in _slices(optimizer, model):
         if not st:  # no step taken yet: nothing to save
             continue
-        tp_sharded = isinstance(p, DTensor)  # else the same tensor on every tensor-parallel rank
+        # else the same tensor on every tensor-parallel rank (plain, or a DTensor replicated over tp such as a
+        # sequence-parallel norm weight): stored once, so sequence parallel can be switched between runs
+        tp_sharded = isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements)
         tp = p.device_mesh.size() if tp_sharded else 1
         for key in MOMENTS:
             local = local_tensor(st[key]).reshape(1, hi - lo)  # a view: the state is contiguous

@@ -93,10 +93,13 @@ class Trainer:
         fingerprint = {"model": self.model_cfg.to_dict(), "tp": self.dims.tp,
                        "optimizer_state": "fsdp" if self.fsdp else "flat"}
         layout = {"world": self.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "accum": self.accum,
-                  "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
+                  "global_batch": self.global_batch, "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
+        hints = {"optimizer_state": "FSDP state resumes only under dp_mode=fsdp with 2 or more data-parallel ranks; "
+                 "ZeRO-1, DDP and single-rank state resume under each other",
+                 "tp": "the tensor-parallel degree must stay; the data-parallel size may change"}
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint.keep,
                                          async_save=cfg.checkpoint.async_save, fingerprint=fingerprint,
-                                         config=cfg.to_dict(), layout=layout)
+                                         config=cfg.to_dict(), layout=layout, hints=hints)
         self.resumed_from = resolve_resume(self.checkpointer, resume_from or cfg.checkpoint.resume_from,
                                            cfg.checkpoint.resume)
         random.seed(t.seed)
@@ -156,6 +159,11 @@ class Trainer:
     def load(self, url: str) -> None:
         manifest = self.checkpointer.inspect(url)
         saved = manifest.get("layout") or {}
+        if saved.get("global_batch", self.global_batch) != self.global_batch:
+            raise CheckpointError(
+                f"checkpoint {url} was trained with a global batch of {saved['global_batch']} sequences, this run "
+                f"has {self.global_batch}; resume with --global-batch-size {saved['global_batch']} (micro_batch_size"
+                " x dp x accumulation), which keeps the data order and the optimizer's steps the same")
         same_world = saved.get("world", self.world_size) == self.world_size
         key = f"trainer_rank{self.rank}" if same_world else "trainer_rank0"  # every rank's RNG is seeded alike
         if not same_world and self.rank == 0:

@@ -123,3 +123,18 @@ def test_init_from_checkpoint_and_hf_folder(tmp_path: Path, tokens: Path):
     assert run_cfg["model"]["init_from"] == base["checkpoint"] and run_cfg["model_shape"]["dim"] == 64
     with pytest.raises(CheckpointError, match="shape"):
         run_training(cfg(tmp_path / "bad", tokens, model={"init_from": base["checkpoint"], "ffn_dim": 128}))
+
+
+def test_resume_refusals_name_the_fix(tmp_path: Path, tokens: Path):
+    """A checkpoint of an earlier format, or of another global batch size, is refused before loading."""
+    first = run_training(cfg(tmp_path / "a", tokens, train={"steps": 2, "global_batch_size": 8}))
+    with pytest.raises(CheckpointError, match="global batch of 8 sequences.*--global-batch-size 8"):
+        run_training(cfg(tmp_path / "b", tokens, train={"steps": 4, "global_batch_size": 4}),
+                     resume_from=first["checkpoint"])
+    manifest_path = Path(first["checkpoint"]) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["fingerprint"] = {"model": manifest["fingerprint"]["model"], "dp": 1, "tp": 1, "dp_mode": "none"}
+    manifest_path.write_text(json.dumps(manifest))  # what the previous format wrote
+    with pytest.raises(CheckpointError, match="earlier stoker version.*resume=.never"):
+        run_training(cfg(tmp_path / "c", tokens, train={"steps": 4, "global_batch_size": 8}),
+                     resume_from=first["checkpoint"])

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from stoker.errors import CheckpointError
 from stoker.train.configs import get_model_config
 from stoker.train.model import Llama
 from stoker.train.trainer import run_training
@@ -131,9 +132,12 @@ def test_tensor_parallel_matches_reference_and_resumes_bitwise(setup):
         job(tmp, data, "tp_resume", **tp, train={"stop_after": STOP}),
         job(tmp, data, "tp_resume", **tp),  # picks up the latest checkpoint of that folder
         job(tmp, data, "tp_sp", parallel={"tp": 2, "sequence_parallel": True, "activation_checkpoint": "selective"}),
+        job(tmp, data, "tp_sp_resume", parallel={"tp": 2, "sequence_parallel": True},  # switch SP on at resume
+            checkpoint={"resume_from": str(tmp / "tp_resume" / "checkpoints" / "step_00000002")}),
     ]
     (tmp / "tp").mkdir()
-    full, stopped, resumed, sp = torchrun(tmp / "tp", jobs)
+    full, stopped, resumed, sp, sp_resumed = torchrun(tmp / "tp", jobs)
+    assert_elastic_resume(sp_resumed, full)
     assert full["tp"] == 2 and full["dp"] == 1
     assert_close_losses(full["losses"], reference["losses"])
     assert_close_losses(sp["losses"], reference["losses"])
@@ -192,6 +196,8 @@ def test_fsdp2_matches_reference_and_resumes(setup):
     (on_four,) = torchrun(tmp / "f4", [wider], nproc=4)
     assert on_four["dp"] == 4
     assert_elastic_resume(on_four, full)
+    with pytest.raises(CheckpointError, match="FSDP state resumes only under dp_mode=fsdp with 2 or more"):
+        run_training(job(tmp, data, "f1", **f, checkpoint={"resume_from": stopped["checkpoint"]}))  # one rank
 
 
 def test_2d_mesh_zero1_and_fsdp_with_tp(setup):
