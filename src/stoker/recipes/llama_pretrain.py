@@ -119,7 +119,8 @@ class LlamaPretrain(FlowSpec):
         e = self.config.evaluate
         self.eval = evaluate_checkpoint(self.checkpoint, self.data, split="val", batches=e.batches,
                                         tokenizer=self.config.data.tokenizer, prompts=list(e.prompts),
-                                        max_new_tokens=e.max_new_tokens)
+                                        max_new_tokens=e.max_new_tokens, temperature=e.get("temperature", 0.0),
+                                        top_k=e.get("top_k", 0))
         for s in self.eval["samples"]:
             print(f"sample: {s['prompt']!r} -> {s['completion']!r}")
         self.next(self.export)

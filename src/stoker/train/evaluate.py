@@ -1,4 +1,5 @@
-"""Evaluate a committed checkpoint in one process: validation loss / perplexity and greedy samples.
+"""Evaluate a committed checkpoint in one process: validation loss / perplexity and samples (greedy, or
+temperature / top-k sampling from a seeded generator, so samples are reproducible).
 
     python -m stoker.train.evaluate CHECKPOINT --data DATASET [--split val] [--batches 8] [--prompt "ROMEO:"]
 """
@@ -53,18 +54,34 @@ def validation_loss(model: Llama, dataset: Any, batches: int = 8, batch_size: in
 
 
 @torch.no_grad()
-def greedy(model: Llama, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+def generate(model: Llama, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
+             generator: torch.Generator | None = None) -> list[int]:
+    """New token ids after ``prompt_ids``: greedy when ``temperature`` is 0, else sampled from the softmax at
+    that temperature over the ``top_k`` most likely tokens (all when 0)."""
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
-        x = torch.tensor([ids[-model.cfg.max_seq_len:]])
-        ids.append(int(model(x)[0, -1].argmax()))
+        logits = model(torch.tensor([ids[-model.cfg.max_seq_len:]]))[0, -1].float()  # [V]
+        if temperature <= 0:
+            ids.append(int(logits.argmax()))
+            continue
+        if 0 < top_k < logits.numel():
+            kth = torch.topk(logits, top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits / temperature, dim=-1)
+        ids.append(int(torch.multinomial(probs, 1, generator=generator)))
     return ids[len(prompt_ids):]
+
+
+def greedy(model: Llama, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    return generate(model, prompt_ids, max_new_tokens)
 
 
 def evaluate_checkpoint(checkpoint: str, data: Any, *, split: str = "val", batches: int = 8, batch_size: int = 4,
                         tokenizer: str | None = "llama", prompts: list[str] | None = None,
-                        max_new_tokens: int = 24) -> dict[str, Any]:
-    """Validation loss/perplexity of `checkpoint` on `data` (a prepared dataset or its URL) and greedy samples."""
+                        max_new_tokens: int = 24, temperature: float = 0.0, top_k: int = 0,
+                        seed: int = 0) -> dict[str, Any]:
+    """Validation loss/perplexity of `checkpoint` on `data` (a prepared dataset or its URL) and a sample per
+    prompt (greedy, or sampled at ``temperature`` from the ``top_k`` likeliest tokens, seeded by ``seed``)."""
     from stoker.data import open_dataset
 
     torch.manual_seed(0)
@@ -75,9 +92,11 @@ def evaluate_checkpoint(checkpoint: str, data: Any, *, split: str = "val", batch
         from stoker.data import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
+        generator = torch.Generator().manual_seed(seed)
         for p in prompts:
             ids = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(p)
-            out["samples"].append({"prompt": p, "completion": tok.decode(greedy(model, ids, max_new_tokens))})
+            new = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+            out["samples"].append({"prompt": p, "completion": tok.decode(new)})
     return out
 
 
@@ -90,10 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", default="llama")
     ap.add_argument("--prompt", action="append", default=[])
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     print(json.dumps(evaluate_checkpoint(a.checkpoint, a.data, split=a.split, batches=a.batches,
-                                         tokenizer=a.tokenizer, prompts=a.prompt, max_new_tokens=a.max_new_tokens),
-                     indent=1))
+                                         tokenizer=a.tokenizer, prompts=a.prompt, max_new_tokens=a.max_new_tokens,
+                                         temperature=a.temperature, top_k=a.top_k, seed=a.seed), indent=1))
     return 0
 
 
