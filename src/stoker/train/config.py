@@ -14,7 +14,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from stoker.errors import ConfigError
-from stoker.train.configs import get_model_config
+from stoker.train.configs import get_model_config, with_overrides
 from stoker.train.model import LlamaConfig
 from stoker.train.parallel import ParallelConfig
 
@@ -23,9 +23,11 @@ SCHEDULES = ("cosine", "linear", "constant")
 
 @dataclass(kw_only=True)
 class ModelSection:
-    """``[model]``: a named config plus any :class:`LlamaConfig` field to override (``max_seq_len = 256``)."""
+    """``[model]``: a named config plus any :class:`LlamaConfig` field to override (``max_seq_len = 256``).
+    Without a name the shape is ``init_from``'s (a Hugging Face folder's config.json or a stoker
+    checkpoint's manifest), else ``tiny``."""
 
-    name: str = "tiny"
+    name: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
     init_from: str = ""  # start from these weights: a Hugging Face folder or a stoker checkpoint (fine-tuning)
 
@@ -33,7 +35,11 @@ class ModelSection:
         self.resolve()  # validates the name and the overrides now
 
     def resolve(self) -> LlamaConfig:
-        return get_model_config(self.name, **self.overrides)
+        if self.init_from and not self.name:
+            from stoker.train.hf import source_model_config
+
+            return with_overrides(source_model_config(self.init_from), **self.overrides)
+        return get_model_config(self.name or "tiny", **self.overrides)
 
 
 @dataclass(kw_only=True)
@@ -178,7 +184,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
         model = dict(model)
         overrides = dict(model.pop("overrides", {}) or {})
         overrides.update(model)
-        name = overrides.pop("name", "tiny")
+        name = overrides.pop("name", "")
         init_from = str(overrides.pop("init_from", ""))
         kwargs["model"] = ModelSection(name=name, overrides=overrides, init_from=init_from)
     for key, value in raw.items():

@@ -60,6 +60,11 @@ def get_model_config(name: str, **overrides: Any) -> LlamaConfig:
             f"unknown model config {name!r}; choose one of {sorted(MODEL_CONFIGS)} "
             "or give the shape explicitly in [model]"
         ) from None
+    return with_overrides(base, **overrides)
+
+
+def with_overrides(base: LlamaConfig, **overrides: Any) -> LlamaConfig:
+    """A copy of ``base`` with ``overrides`` applied and validated."""
     unknown = set(overrides) - set(LlamaConfig.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"unknown model settings {sorted(unknown)}; valid: {sorted(LlamaConfig.__dataclass_fields__)}")

@@ -377,6 +377,28 @@ def load_hf_into(model: nn.Module, folder: str | os.PathLike[str]) -> None:
 _MANIFEST, _LATEST, _STEP = "manifest.json", "latest", "step_"
 
 
+def source_model_config(source: str | os.PathLike[str]) -> LlamaConfig:
+    """The model shape of fine-tuning weights, without loading them: a Hugging Face folder's ``config.json``
+    or the model config a stoker checkpoint's manifest records (``init_from`` without a model name)."""
+    import fsspec
+
+    url = str(source)
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        path = path.rstrip("/")
+        if fs.exists(f"{path}/config.json"):
+            with fs.open(f"{path}/config.json", "r") as f:
+                return from_hf_config(json.load(f), source=f"{url}/config.json")
+        with fs.open(f"{_resolve_checkpoint(fs, path, url)}/{_MANIFEST}", "r") as f:
+            model = (json.load(f).get("fingerprint") or {}).get("model")
+    except (OSError, ValueError, CheckpointError) as exc:
+        raise ConfigError(f"model.init_from={url}: cannot read its model config ({exc}); give a Hugging Face folder "
+                          "(config.json + safetensors) or a stoker checkpoint, or name the model in [model]") from None
+    if not model:
+        raise ConfigError(f"model.init_from={url}: its manifest records no model config; name the model in [model]")
+    return LlamaConfig(**model)
+
+
 def _resolve_checkpoint(fs: Any, path: str, url: str) -> str:
     """The folder of one committed checkpoint: ``path`` itself, its ``latest``, or its newest step_*."""
     if fs.exists(f"{path}/{_MANIFEST}"):

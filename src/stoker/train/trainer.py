@@ -69,7 +69,7 @@ class Trainer:
         self.seq_len = int(self.dataset.block_size) - 1
         if self.seq_len > self.model_cfg.max_seq_len:
             raise ConfigError(
-                f"the data's blocks give sequences of {self.seq_len} tokens but model {cfg.model.name!r} has "
+                f"the data's blocks give sequences of {self.seq_len} tokens but model {cfg.model.name or cfg.model.init_from or 'tiny'!r} has "
                 f"max_seq_len={self.model_cfg.max_seq_len}; prepare the data with block_size <= "
                 f"{self.model_cfg.max_seq_len + 1} or set model.max_seq_len"
             )

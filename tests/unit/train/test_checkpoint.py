@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.errors import CheckpointError
+from stoker.errors import CheckpointError, ConfigError
 from stoker.train.trainer import run_training
 
 torch.set_num_threads(1)
@@ -138,3 +138,20 @@ def test_resume_refusals_name_the_fix(tmp_path: Path, tokens: Path):
     with pytest.raises(CheckpointError, match="earlier stoker version.*resume=.never"):
         run_training(cfg(tmp_path / "c", tokens, train={"steps": 4, "global_batch_size": 8}),
                      resume_from=first["checkpoint"])
+
+
+def test_init_from_without_a_model_name_takes_the_sources_shape(tmp_path: Path, tokens: Path):
+    """Fine-tuning a model of another shape needs only init_from: the shape comes from the checkpoint's
+    manifest or the Hugging Face folder's config.json (explicit [model] settings still override it)."""
+    from stoker.train import hf
+
+    base = run_training(cfg(tmp_path / "base", tokens, model={"ffn_dim": 96, "n_layers": 3}, train={"steps": 2}))
+    model_cfg, state, _ = hf.load_checkpoint_weights(base["checkpoint"])
+    hf.export_hf(state, model_cfg, tmp_path / "hf", dtype=torch.float32)
+    for source in (base["checkpoint"], str(tmp_path / "hf")):
+        tuned = run_training(cfg(tmp_path / f"ft{len(source)}", tokens, model={"init_from": source},
+                                 train={"steps": 1}))
+        shape = json.loads((tmp_path / f"ft{len(source)}" / "config.json").read_text())["model_shape"]
+        assert (shape["ffn_dim"], shape["n_layers"]) == (96, 3) and tuned["step"] == 1
+    with pytest.raises(ConfigError, match="init_from=.*nowhere.*give a Hugging Face folder"):
+        run_training(cfg(tmp_path / "bad", tokens, model={"init_from": str(tmp_path / "nowhere")}))
