@@ -32,6 +32,8 @@ class ModelSection:
     init_from: str = ""  # start from these weights: a Hugging Face folder or a stoker checkpoint (fine-tuning)
 
     def __post_init__(self) -> None:
+        if not self.name and not self.init_from:
+            self.name = "tiny"
         self.resolve()  # validates the name and the overrides now
 
     def resolve(self) -> LlamaConfig:
