@@ -116,10 +116,20 @@ class SentencePieceTokenizer(Tokenizer):
         self.bos_id = int(self.sp.bos_id()) if self.sp.bos_id() >= 0 else None
         self.eos_id = int(self.sp.eos_id()) if self.sp.eos_id() >= 0 else None
         self.pad_id = int(self.sp.pad_id()) if self.sp.pad_id() >= 0 else None
+        self._attach_word_cache()
+
+    def _attach_word_cache(self) -> None:
         self.words, reason = WordCache.for_model(self.sp, self.num_threads)
         self.splits_long_texts = self.words is not None
         self._balancer = Balancer(self.words, self.num_threads) if self.words is not None else None
-        logger.debug("%s: word cache %s", path, "on" if self.words else f"off ({reason})")
+        logger.debug("%s: word cache %s", self.path, "on" if self.words else f"off ({reason})")
+
+    def __getstate__(self) -> dict:  # picklable (e.g. as a flow artifact): the cache is rebuilt, not shipped
+        return {k: v for k, v in self.__dict__.items() if k not in ("words", "_balancer")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._attach_word_cache()
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         if self._balancer is not None:

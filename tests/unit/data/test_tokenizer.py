@@ -95,3 +95,15 @@ def test_sentencepiece_as_hf_tokenizers_gives_the_same_ids():
     texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20))) for _ in range(1000)]
     assert [e.ids for e in rust.encode_batch(texts)] == tok.sp.encode(texts)
     assert sentencepiece_to_tokenizers(tok, add_eos=True).encode("x").ids == [tok.bos_id, *tok.sp.encode("x"), tok.eos_id]
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_tokenizers_pickle(name):
+    """A tokenizer can be a flow artifact: it pickles (the word cache is rebuilt, not shipped)."""
+    import pickle
+
+    tok = load_tokenizer(name)
+    tok.encode_batch(["warm the cache up"])
+    back = pickle.loads(pickle.dumps(tok))
+    assert back.encode("To be, or not to be") == tok.encode("To be, or not to be")
+    assert (getattr(back, "words", None) is None) == (getattr(tok, "words", None) is None)
