@@ -16,6 +16,7 @@ hold, the tokenizer simply uses SentencePiece for everything.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -232,6 +233,7 @@ class Balancer:
         self.cache, self.threads = cache, max(1, threads)
         self.rates = {"cache": 20e6, "sp": 1.5e6 * (self.threads - 1)}  # chars/s, replaced by measurements
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
 
     def _direct(self, texts: list[str]) -> tuple[list, float]:
         start = time.perf_counter()
@@ -244,8 +246,9 @@ class Balancer:
         sizes = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)))
         share = self.rates["sp"] / (self.rates["sp"] + self.rates["cache"])
         k = min(len(texts) - 1, max(1, int(np.searchsorted(sizes, share * sizes[-1]))))  # texts[:k] -> SentencePiece
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="stoker-sentencepiece")
+        if self._pool is None or self._pool_pid != os.getpid():  # a forked child (e.g. a DataLoader worker)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="stoker-sentencepiece")  # has no pool thread
+            self._pool_pid = os.getpid()
         future = self._pool.submit(self._direct, texts[:k])
         start = time.perf_counter()
         cached = self.cache.encode_batch(texts[k:])

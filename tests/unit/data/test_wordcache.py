@@ -130,3 +130,24 @@ def test_balancer_shares_batches_with_sentencepiece_and_learns_the_rates():
         assert [a.tolist() for a in many_cores.encode_batch(plays)] == tok.sp.encode(plays)
     assert two.rates != before and all(rate > 0 for rate in two.rates.values())
     assert len(two.cache) > 1 and len(many_cores.cache) > 1  # both paths took part
+
+
+def test_forked_child_encodes():
+    """A tokenizer used before a fork (e.g. by a DataLoader with fork workers) still works in the child,
+    whose copy of the balancer has lost its pool thread."""
+    import multiprocessing
+
+    global _CHILD_TOK
+    _CHILD_TOK = load_tokenizer("llama")
+    texts = ["first batch, in the parent", "with two texts"]
+    _CHILD_TOK.encode_batch(texts)  # starts the balancer's thread in the parent
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(_encode_in_child, (texts,)).get(timeout=30)
+    assert got == _CHILD_TOK.sp.encode(texts)
+
+
+_CHILD_TOK = None
+
+
+def _encode_in_child(texts):
+    return [a.tolist() for a in _CHILD_TOK.encode_batch(texts)]
