@@ -245,16 +245,19 @@ class Balancer:
             return self.cache.encode_batch(texts)
         sizes = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)))
         share = self.rates["sp"] / (self.rates["sp"] + self.rates["cache"])
-        k = min(len(texts) - 1, max(1, int(np.searchsorted(sizes, share * sizes[-1]))))  # texts[:k] -> SentencePiece
+        # texts[:k] -> SentencePiece: as many as fit its share (none when the first alone is larger: one long
+        # text would run on one SentencePiece thread, slower than the cache)
+        k = min(len(texts) - 1, int(np.searchsorted(sizes, share * sizes[-1], side="right")))
         if self._pool is None or self._pool_pid != os.getpid():  # a forked child (e.g. a DataLoader worker)
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="stoker-sentencepiece")  # has no pool thread
             self._pool_pid = os.getpid()
-        future = self._pool.submit(self._direct, texts[:k])
+        future = self._pool.submit(self._direct, texts[:k]) if k else None
         start = time.perf_counter()
         cached = self.cache.encode_batch(texts[k:])
         cache_s = time.perf_counter() - start
-        direct, direct_s = future.result()
-        for key, chars, seconds in (("sp", sizes[k - 1], direct_s), ("cache", sizes[-1] - sizes[k - 1], cache_s)):
+        direct, direct_s = future.result() if future is not None else ([], 0.0)
+        done_sp = int(sizes[k - 1]) if k else 0
+        for key, chars, seconds in (("sp", done_sp, direct_s), ("cache", int(sizes[-1]) - done_sp, cache_s)):
             if seconds > 1e-3:
                 self.rates[key] = 0.5 * self.rates[key] + 0.5 * float(chars) / seconds
         return [np.asarray(e, dtype=np.int32) for e in direct] + cached

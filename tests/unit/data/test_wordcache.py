@@ -120,7 +120,7 @@ def test_balancer_shares_batches_with_sentencepiece_and_learns_the_rates():
     from stoker.data.wordcache import Balancer
 
     tok = load_tokenizer("llama")
-    plays = [p.read_text(encoding="utf-8")[:30_000] for p in shakespeare_files()[:12]]
+    plays = [p.read_text(encoding="utf-8")[i:i + 2_000] for p in shakespeare_files()[:12] for i in range(0, 30_000, 2_000)]
     many_cores = Balancer(WordCache(tok.sp, num_threads=1), threads=64)
     assert many_cores.rates["sp"] > many_cores.rates["cache"]  # most of a batch goes to SentencePiece
     two = Balancer(WordCache(tok.sp, num_threads=1), threads=2)
@@ -129,6 +129,9 @@ def test_balancer_shares_batches_with_sentencepiece_and_learns_the_rates():
         assert [a.tolist() for a in two.encode_batch(plays)] == tok.sp.encode(plays)
         assert [a.tolist() for a in many_cores.encode_batch(plays)] == tok.sp.encode(plays)
     assert two.rates != before and all(rate > 0 for rate in two.rates.values())
+    long_first = [" ".join(plays), "short"]  # more than the SentencePiece share: all of it to the cache
+    assert two.encode_batch([]) == [] and two.encode_batch(["one"])[0].tolist() == tok.sp.encode("one")
+    assert [a.tolist() for a in two.encode_batch(long_first)] == tok.sp.encode(long_first)
     assert len(two.cache) > 1 and len(many_cores.cache) > 1  # both paths took part
 
 
