@@ -54,11 +54,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if isinstance(cuda, list | tuple):  # older checkpoints kept every visible device's state
-            cuda = cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(cuda) else None
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda)
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _split(url: str) -> tuple[str, str]:
+    """(checkpoint directory, checkpoint name) of a checkpoint URL."""
+    url = url.rstrip("/")
+    return tuple(url.rsplit("/", 1)) if "/" in url else (".", url)  # type: ignore[return-value]
 
 
 def _rank() -> int:
@@ -276,7 +278,7 @@ class Checkpointer:
 
     def inspect(self, url: str) -> dict[str, Any]:
         """The manifest of checkpoint ``url`` once rank 0 verified every file and its fingerprint matches."""
-        base, name = url.rstrip("/").rsplit("/", 1) if "/" in url.rstrip("/") else (".", url)
+        base, name = _split(url)
         result: Any = None
         if _rank() == 0:
             try:
@@ -295,7 +297,7 @@ class Checkpointer:
         """Load checkpoint ``url`` into ``state`` in place (verified by :meth:`inspect` unless its manifest
         is given); returns the manifest."""
         manifest = manifest if manifest is not None else self.inspect(url)
-        base, name = url.rstrip("/").rsplit("/", 1) if "/" in url.rstrip("/") else (".", url)
+        base, name = _split(url)
         store = _Store(base)
         if store.local:
             reader: Any = dcp.FileSystemReader(store.fs._strip_protocol(store.url(name)))

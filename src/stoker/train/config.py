@@ -41,7 +41,7 @@ class ModelSection:
             from stoker.train.hf import source_model_config
 
             return with_overrides(source_model_config(self.init_from), **self.overrides)
-        return get_model_config(self.name or "tiny", **self.overrides)
+        return get_model_config(self.name, **self.overrides)
 
 
 @dataclass(kw_only=True)

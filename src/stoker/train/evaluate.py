@@ -72,10 +72,6 @@ def generate(model: Llama, prompt_ids: list[int], max_new_tokens: int, *, temper
     return ids[len(prompt_ids):]
 
 
-def greedy(model: Llama, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    return generate(model, prompt_ids, max_new_tokens)
-
-
 def evaluate_checkpoint(checkpoint: str, data: Any, *, split: str = "val", batches: int = 8, batch_size: int = 4,
                         tokenizer: str | None = "llama", prompts: list[str] | None = None,
                         max_new_tokens: int = 24, temperature: float = 0.0, top_k: int = 0,

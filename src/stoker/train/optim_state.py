@@ -32,23 +32,6 @@ def param_names(model: nn.Module) -> dict[int, str]:
     return names
 
 
-@torch.no_grad()
-def init_adamw_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW's state (zeros, step 1) without changing any parameter, so a checkpoint can load into it."""
-    saved = [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups]
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    grads = [p.grad for p in params]
-    for g in optimizer.param_groups:
-        g["lr"], g["weight_decay"] = 0.0, 0.0
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    for p, grad in zip(params, grads, strict=True):
-        p.grad = grad
-    for g, (lr, wd) in zip(optimizer.param_groups, saved, strict=True):
-        g["lr"], g["weight_decay"] = lr, wd
-
-
 def _slices(optimizer: Any, model: nn.Module) -> list[tuple[str, nn.Parameter, dict[str, Any], int, int, int]]:
     """(name, parameter, its AdamW state, lo, hi, n): the state holds elements [lo, hi) of the n of the
     parameter's flattened local shard."""

@@ -36,9 +36,9 @@ from stoker.train.data_source import make_loader, open_training_data
 from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
 from stoker.train.optim import LRSchedule, align_grads, allreduce_grads, build_optimizer, clip_grad_norm
-from stoker.train.optim_state import flat_state, init_adamw_state, set_step
+from stoker.train.optim_state import flat_state, set_step
 from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
-from stoker.train.zero import Zero1AdamW
+from stoker.train.zero import Zero1AdamW, init_adamw_state
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Trainer:
         self.seq_len = int(self.dataset.block_size) - 1
         if self.seq_len > self.model_cfg.max_seq_len:
             raise ConfigError(
-                f"the data's blocks give sequences of {self.seq_len} tokens but model {cfg.model.name or cfg.model.init_from or 'tiny'!r} has "
+                f"the data's blocks give sequences of {self.seq_len} tokens but model {cfg.model.name or cfg.model.init_from!r} has "
                 f"max_seq_len={self.model_cfg.max_seq_len}; prepare the data with block_size <= "
                 f"{self.model_cfg.max_seq_len + 1} or set model.max_seq_len"
             )
@@ -149,8 +149,8 @@ class Trainer:
             state = {"model": model_sd, "optim": optim_sd}
         else:
             if for_load:  # the state must exist for the checkpoint to load into it
-                self.optimizer.init_state() if isinstance(self.optimizer, Zero1AdamW) else \
-                    init_adamw_state(self.optimizer)
+                zero1 = isinstance(self.optimizer, Zero1AdamW)
+                init_adamw_state(self.optimizer.inner if zero1 else self.optimizer)
             state = {"model": get_model_state_dict(self.model),
                      "optim_flat": flat_state(self.optimizer, self.model, self.dims.mesh)}
         state[trainer_key or f"trainer_rank{self.rank}"] = extra

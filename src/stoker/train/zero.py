@@ -106,26 +106,19 @@ class Zero1AdamW:
             full = rows[:, off : off + chunk].reshape(-1)[:n]
             local_tensor(p).view(-1).copy_(full)
 
-    @torch.no_grad()
-    def init_state(self) -> None:
-        """Create the AdamW state (zeros) without changing any value, so a checkpoint can load into it."""
-        saved = [(g["lr"], g["weight_decay"]) for g in self.inner.param_groups]
-        for g in self.inner.param_groups:
-            g["lr"], g["weight_decay"] = 0.0, 0.0
-        for shard in self._shards:
-            shard.grad = torch.zeros_like(shard)
-        self.inner.step()
-        for shard in self._shards:
-            shard.grad = None
-        for g, (lr, wd) in zip(self.inner.param_groups, saved, strict=True):
-            g["lr"], g["weight_decay"] = lr, wd
 
-    def state_dict(self) -> dict[str, Any]:
-        sd = self.inner.state_dict()
-        return {"state": {str(k): v for k, v in sd["state"].items()}, "param_groups": sd["param_groups"]}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.inner.load_state_dict(
-            {"state": {int(k): v for k, v in sd["state"].items()}, "param_groups": sd["param_groups"]}
-        )
-        self._copy_params_to_shards()
+@torch.no_grad()
+def init_adamw_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create AdamW's state (zeros, step 1) without changing any parameter, so a checkpoint can load into it."""
+    saved = [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grads = [p.grad for p in params]
+    for g in optimizer.param_groups:
+        g["lr"], g["weight_decay"] = 0.0, 0.0
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for p, grad in zip(params, grads, strict=True):
+        p.grad = grad
+    for g, (lr, wd) in zip(optimizer.param_groups, saved, strict=True):
+        g["lr"], g["weight_decay"] = lr, wd
