@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..flow.graph import FlowGraph, lint
 from ..flow.parameters import _MISSING, Config, IncludeFile, parse_override_value
 from .errors import run_cli
+from .guardian import start_guardian
 
 COMPAT_FLAGS = ("--no-pylint", "--pylint")  # accepted for Metaflow scripts; stoker's check always runs
 COMPAT_OPTIONS = ("--datastore", "--metadata", "--environment", "--datastore-root", "--event-logger", "--monitor")
@@ -24,6 +25,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-splits", type=int, default=10000, help="accepted for Metaflow compatibility")
     p.add_argument("--run-id-file", help="write the run id to this file")
     p.add_argument("--quiet", action="store_true", help="print only the run's start and end")
+    p.add_argument("--backend", default="local", help="where steps without a backend decorator run: local "
+                   "(default), slurm, or slurm=STEP,STEP for only those steps")
+    p.add_argument("--dry-run", action="store_true", help="print what each step would submit (sbatch scripts "
+                   "...) and exit")
 
 
 def build_parser(flow_cls: type) -> argparse.ArgumentParser:
@@ -130,8 +135,8 @@ def _overrides(raw: list[str]) -> dict[str, Any]:
 
 
 def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
-    from ..backends.local import LocalExecutor
-    from ..runtime.launch import latest_run_id, start_run
+    from ..backends import StepRouter
+    from ..runtime.launch import dry_run, latest_run_id, start_run
 
     if args.command in (None, "check", "show"):
         graph = FlowGraph(flow_cls)
@@ -148,8 +153,12 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
 
         return print_logs(f"{flow_cls.__name__}/{args.pathspec}" if not args.pathspec.startswith(
             flow_cls.__name__ + "/") else args.pathspec, stderr=args.stderr)
-    executor = LocalExecutor(flow_file=sys.argv[0])
     with_specs = list(args.global_with) + list(args.with_)
+    router = StepRouter(flow_cls, default=args.backend, flow_file=sys.argv[0])
+    if args.dry_run:
+        print(dry_run(flow_cls, router, with_specs), end="")
+        return 0
+    guard = start_guardian(flow_cls.__name__)
     if args.command == "run":
         configs = _configs(list(args.config))
         cfg_names = [p.name for p in flow_cls._run_inputs().values() if isinstance(p, Config)]
@@ -159,9 +168,9 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
                                   f"(configs: {', '.join(cfg_names) or 'none'})")
             configs[cfg_names[0]] = configs.pop("__single__")
         params = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
-        result = start_run(flow_cls, executor, params=params, config_paths=configs, overrides=_overrides(args.set),
+        result = start_run(flow_cls, router, params=params, config_paths=configs, overrides=_overrides(args.set),
                            with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
-                           run_id_file=args.run_id_file, quiet=args.quiet)
+                           run_id_file=args.run_id_file, quiet=args.quiet, on_submit=guard)
     else:
         from ..store.metadata import MetadataDB
         from ..store.paths import default_db_path
@@ -175,8 +184,10 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
             if args.step not in graph:
                 raise ConfigError(f"resume --step {args.step}: the flow has no such step ({', '.join(graph.nodes)})")
             rerun = graph.reachable_from(args.step)
-        result = start_run(flow_cls, executor, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
-                           origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet)
+        result = start_run(flow_cls, router, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
+                           origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet,
+                           on_submit=guard)
+    guard.done()
     return {"succeeded": 0, "killed": 130}.get(result.status, 1)
 
 

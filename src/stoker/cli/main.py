@@ -65,6 +65,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return print_logs(args.pathspec, stderr=args.stderr, attempt=args.attempt)
 
 
+def cmd_kill(args: argparse.Namespace) -> int:
+    from ..store.blob import open_store
+    from .guardian import kill_run
+
+    parts = args.pathspec.strip("/").split("/")
+    if len(parts) != 2:
+        raise ConfigError(f"kill {args.pathspec}: give FLOW/RUN (see `stoker runs`)")
+    return kill_run(open_store(), parts[0], parts[1])
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     import os
 
@@ -92,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stderr", action="store_true")
     p.add_argument("--attempt", type=int)
     p.set_defaults(fn=cmd_logs)
+    p = sub.add_parser("kill", help="cancel every live job of FLOW/RUN (Slurm ...) and stop its run process")
+    p.add_argument("pathspec")
+    p.set_defaults(fn=cmd_kill)
     p = sub.add_parser("quickstart", help="run the quickstart pretraining pipeline here (embedded defaults)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="passed to `run` (e.g. --set train.steps=50)")
     p.set_defaults(fn=cmd_quickstart)

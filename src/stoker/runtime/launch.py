@@ -5,14 +5,15 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Executor
 from ..errors import ConfigError, StokerError
-from ..flow.decorators import apply_with
+from ..flow.decorators import apply_with, get_decorator
 from ..flow.graph import FlowGraph, lint
 from ..flow.parameters import _MISSING, Config, ParameterContext
 from ..store.artifacts import save_artifact
@@ -21,7 +22,9 @@ from ..store.manifest import list_manifests, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, home_dir
 from .output import Display
-from .scheduler import RunResult, Scheduler, frames_key
+from .executor import Backend, JobRef, Unit
+from .scheduler import Router, RunResult, Scheduler, frames_key
+from .spec import TaskSpec
 
 
 def new_run_id() -> str:
@@ -65,33 +68,83 @@ def prepare_flow(flow_cls: type, with_specs: list[str]) -> FlowGraph:
     return graph
 
 
-def check_capabilities(graph: FlowGraph, flow_cls: type, executor: Executor) -> None:
-    """Fail before anything starts when a step asks for what the backend cannot give."""
-    caps = executor.capabilities()
+def _gang_size(n: Any, flow_cls: type, values: dict[str, Any] | None) -> Any:
+    """num_parallel as written: a literal, or `self.PARAM` (the run's value, else the Parameter's default)."""
+    if isinstance(n, str) and n.startswith("self.") and n[5:].isidentifier():
+        attr = n[5:]
+        if values and attr in values:
+            return values[attr]
+        p = flow_cls._run_inputs().get(attr)
+        default = getattr(p, "default", None)
+        return default if isinstance(default, int) else None
+    return n
+
+
+def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
+               values: dict[str, Any] | None = None) -> list[tuple[Backend, Unit]]:
+    """One representative unit per step (a gang at its num_parallel size when that is a literal or a
+    parameter), with placeholder task ids: what `--dry-run` prints and what each backend checks before
+    anything is submitted."""
+    out = []
     for node in graph:
-        d = next((d for d in node.decorators if d.name == "resources"), None)
-        if not d:
+        backend = router(node.name)
+        func = getattr(flow_cls, node.name)
+        parent = graph[node.in_funcs[0]] if node.in_funcs else None
+        n = _gang_size(parent.num_parallel, flow_cls, values) if parent is not None and parent.kind == "parallel" \
+            else None
+        size = n if isinstance(n, int) and n > 0 else 1
+        kind = "gang" if parent is not None and parent.kind == "parallel" else "task"
+        specs = [TaskSpec(flow=graph.name, run_id="RUN", step=node.name, task_id=f"T{i}", store_url=store_url,
+                          parallel={"main_ip": None, "num_nodes": size, "node_index": i, "port": None,
+                                    "control_task_id": "T0"} if kind == "gang" else None) for i in range(size)]
+        opts, res, tmo = (get_decorator(func, k) for k in (backend.name, "resources", "timeout"))
+        unit = Unit(kind=kind, flow=graph.name, run_id="RUN", step=node.name, specs=specs,
+                    options=dict(opts.attributes) if opts else {},
+                    resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
+                    timeout_s=tmo.total_seconds if tmo else None, store_url=store_url, env={"STOKER_RUN_ID": "RUN"})
+        if backend.remote:
+            unit.code_key, unit.spec_key, unit.flow_path = "CODE_PACKAGE_KEY", "SPEC_KEY", Path(graph.file).name
+        out.append((backend, unit))
+    return out
+
+
+def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, Unit]]) -> None:
+    """Fail before anything starts when a step asks for what its backend cannot give."""
+    for backend, unit in planned:
+        if backend.remote:
+            backend.check(unit)
             continue
-        a = d.attributes
+        caps = backend.capabilities()
+        node, a = graph[unit.step], unit.resources
         if a.get("gpu") and a["gpu"] > caps.gpus:
             raise ConfigError(f"{node.where()}: @resources(gpu={a['gpu']:g}) on step {node.name}, but the "
-                              f"{executor.name} backend has {caps.gpus} GPU(s): lower gpu= or run on a cluster "
+                              f"{backend.name} backend has {caps.gpus} GPU(s): lower gpu= or run on a cluster "
                               f"backend (--with slurm / @batch)")
         if a.get("trainium") and a["trainium"] > caps.trainium:
             raise ConfigError(f"{node.where()}: @resources(trainium={a['trainium']:g}) on step {node.name}, but "
-                              f"the {executor.name} backend has no Trainium devices: run it with @batch on a trn "
+                              f"the {backend.name} backend has no Trainium devices: run it with @batch on a trn "
                               f"instance type")
 
 
-def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | None = None,
+def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None) -> str:
+    """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O."""
+    graph = prepare_flow(flow_cls, list(with_specs or []))
+    store_url = os.environ.get("STOKER_STORE") or str(home_dir() / "store")
+    parts = []
+    for backend, unit in plan_units(graph, flow_cls, router, store_url):
+        parts.append(f"# ---- step {unit.step}: {backend.name} ({unit.kind}, {unit.size} member(s)) ----\n"
+                     + backend.materialize(unit).text)
+    return "\n".join(parts)
+
+
+def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None = None,
               config_paths: dict[str, str] | None = None, overrides: dict[str, Any] | None = None,
               with_specs: list[str] | None = None, tags: list[str] | None = None, max_workers: int = 16,
               store: BlobStore | None = None, db: MetadataDB | None = None, run_id: str | None = None,
               origin_run_id: str | None = None, rerun_steps: set[str] | None = None, quiet: bool = False,
-              run_id_file: str | None = None) -> RunResult:
+              run_id_file: str | None = None, on_submit: Callable[[JobRef, str, str], None] | None = None) -> RunResult:
     with_specs = list(with_specs or [])
     graph = prepare_flow(flow_cls, with_specs)
-    check_capabilities(graph, flow_cls, executor)
     store = store or open_store()
     db = db or MetadataDB(default_db_path())
     user = current_user()
@@ -103,6 +156,7 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
     else:
         values = resolve_run_inputs(flow_cls, params or {}, config_paths or {}, overrides or {},
                                     Path(flow_file).parent)
+    check_units(graph, flow_cls, plan_units(graph, flow_cls, router, store.url, values))
     run_id = run_id or new_run_id()
     run_inputs = {k: save_artifact(store, v) for k, v in values.items()}
     declared = flow_cls._run_inputs()
@@ -112,17 +166,23 @@ def start_run(flow_cls: type, executor: Executor, *, params: dict[str, Any] | No
                   origin_run_id=origin_run_id)
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
               "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "with": with_specs,
-              "flow_file": flow_file, "created_at": time.time(), "status": "running"}
+              "flow_file": flow_file, "created_at": time.time(), "status": "running",
+              "pid": os.getpid(), "host": socket.gethostname()}
     write_run_record(store, record)
     if run_id_file:
         Path(run_id_file).write_text(run_id)
     display = Display(f"{graph.name}/{run_id}", quiet=quiet)
     display.info(f"stoker: run {graph.name}/{run_id} started (user:{user}, store {store.url})"
                  + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
-    sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, executor=executor,
+    from .task import run_task
+
+    for b in {router(n.name).name: router(n.name) for n in graph}.values():
+        if hasattr(b, "bind"):  # a backend that forks members runs them in-process
+            b.bind(lambda spec: run_task(flow_cls, spec, store, graph))
+    sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
                       run_inputs=run_inputs, user=user, tags=tags or [], max_workers=max_workers, origin=origin,
                       origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
-                      with_specs=with_specs, display=display, log_root=home_dir() / "logs")
+                      with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit)
     started = time.time()
     try:
         result = sched.run()

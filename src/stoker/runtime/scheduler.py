@@ -9,38 +9,41 @@ from __future__ import annotations
 
 import logging
 import os
-import select
-import selectors
 import signal
-import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Executor, TaskHandle
+from ..errors import StokerError
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import clone_manifest, log_name, read_manifest, write_manifest
+from ..store.manifest import clone_manifest, log_name, manifest_name, read_manifest, write_manifest
 from ..store.metadata import MetadataDB
+from .executor import EXITED, Backend, JobRef, JobStatus, Unit
 from .output import Display, TaskOutput
+from .package import stage_package
 from .resources import ResourcePool, step_resources
 from .spec import TaskSpec
-from .task import run_task
 
 log = logging.getLogger(__name__)
-KILL_GRACE_S = 3.0
+KILL_GRACE_S = float(os.environ.get("STOKER_KILL_GRACE", "3"))
+CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
+LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
+
+
+def job_record_name(flow: str, run_id: str, ref: JobRef) -> str:
+    """Where a submission's JobRef is kept (`stoker kill` and a crashed run's guardian read them)."""
+    return f"runs/{flow}/{run_id}/jobs/{ref.backend}-{ref.job_id}.json"
 
 
 def frames_key(frames: list[dict]) -> tuple:
     return tuple((f["step"], f["index"]) for f in frames)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+Router = Callable[[str], Backend]  # step name -> the backend that runs it
 
 
 @dataclass
@@ -55,12 +58,15 @@ class Task:
     attempt: int = 0
     state: str = "pending"  # pending | running | ok | failed | killed
     not_before: float = 0.0
-    handle: TaskHandle | None = None
+    job: JobRef | None = None  # the submission this attempt belongs to (shared by a gang / an array)
+    member: int = 0  # its place in that submission
+    backend: Backend | None = None
     output: TaskOutput | None = None
-    started: float = 0.0
+    started: float = 0.0  # when the engine started it (not when it was submitted): @timeout counts from here
     deadline: float | None = None
-    kill_at: float | None = None
-    stop_reason: str | None = None
+    stopping: bool = False
+    stop_reason: str | None = None  # why stoker stopped it
+    engine_reason: str | None = None  # why the engine ended it (time limit, node failure, out of memory ...)
     manifest: dict | None = None
     exit_code: int | None = None
     cloned: bool = False
@@ -82,12 +88,14 @@ class RunResult:
 
 class Scheduler:
     def __init__(self, *, flow_cls: type, graph: FlowGraph, run_id: str, store: BlobStore, db: MetadataDB,
-                 executor: Executor, run_inputs: dict[str, dict], user: str, tags: list[str],
+                 router: Router, run_inputs: dict[str, dict], user: str, tags: list[str],
                  max_workers: int = 16, origin: dict[tuple, dict] | None = None, origin_run_id: str | None = None,
                  rerun_steps: set[str] | None = None, flow_file: str = "", with_specs: list[str] | None = None,
-                 display: Display | None = None, log_root: Path | None = None) -> None:
+                 display: Display | None = None, log_root: Path | None = None,
+                 on_submit: Callable[[JobRef, str, str], None] | None = None) -> None:
         self.flow_cls, self.graph, self.run_id = flow_cls, graph, run_id
-        self.store, self.db, self.executor = store, db, executor
+        self.store, self.db, self.router = store, db, router
+        self.on_submit = on_submit
         self.flow = graph.name
         self.run_inputs, self.user, self.tags = run_inputs, user, tags
         self.max_workers = max(1, max_workers)
@@ -98,8 +106,13 @@ class Scheduler:
         self.log_root = log_root or Path(os.environ.get("TMPDIR", "/tmp")) / "stoker-logs"
         self.tasks: list[Task] = []
         self.joins: dict[tuple, dict[int, Task]] = {}
-        self.pool = ResourcePool.from_capabilities(executor.capabilities())
-        self.sel = selectors.DefaultSelector()
+        self.pool: ResourcePool | None = None  # admission for backends on this machine
+        self.backends: dict[str, Backend] = {}  # the ones used so far
+        self.live: dict[tuple[str, str], list[Task]] = {}  # (backend, job id) -> its tasks
+        self.last_poll: dict[str, float] = {}
+        self.unseen: dict[tuple[str, str], float] = {}  # jobs the engine did not report, since when
+        self.package: tuple[str, str] | None = None  # (blob key, flow path) of the code package
+        self.stop_deadline: float | None = None
         self.failures: list[str] = []
         self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
         self.failed = False
@@ -140,10 +153,10 @@ class Scheduler:
                     self._add(target, [t], list(t.foreach))
 
     def _add_gang(self, step: str, parent: Task, n: int) -> None:
-        port, gang = free_port(), f"{step}-{self._next_id + 1}"
+        gang = f"{step}-{self._next_id + 1}"
         ids = [self._new_id() for _ in range(n)]
-        for i in range(n):
-            par = {"main_ip": "127.0.0.1", "num_nodes": n, "node_index": i, "port": port, "control_task_id": ids[0]}
+        for i in range(n):  # the main address and the port come from the engine when the node starts
+            par = {"main_ip": None, "num_nodes": n, "node_index": i, "port": None, "control_task_id": ids[0]}
             self._add(step, [parent], parent.foreach + [{"step": parent.step, "var": None, "index": i,
                                                           "num_splits": n}], parallel=par, gang=gang, task_id=ids[i])
 
@@ -166,20 +179,93 @@ class Scheduler:
                 units.setdefault(t.gang or t.task_id, []).append(t)
         return [u for u in units.values() if all(t.not_before <= now for t in u)]
 
+    def _backend(self, step: str) -> Backend:
+        b = self.router(step)
+        if b.name not in self.backends:
+            self.backends[b.name] = b
+            if not b.remote and self.pool is None:
+                self.pool = ResourcePool.from_capabilities(b.capabilities())
+        return b
+
     def _admit(self) -> None:
         now = time.time()
+        arrays: dict[tuple, list[Task]] = {}
         for unit in self._units(now):
             if self.failed or self.interrupted:
                 return
             if self._clone(unit):
                 continue
+            backend = self._backend(unit[0].step)
             running = sum(1 for t in self.tasks if t.state == "running")
-            need = [step_resources(getattr(self.flow_cls, t.step)) for t in unit]
-            if running and (running + len(unit) > self.max_workers or not self.pool.fits(need)):
+            if backend.arrays and not unit[0].gang:  # gathered below into one submission per step
+                arrays.setdefault((backend.name, unit[0].step, unit[0].attempt), []).extend(unit)
                 continue
-            for t, r in zip(unit, need, strict=True):
-                self.pool.take(r)
-                self._launch(t)
+            if running and running + len(unit) > self.max_workers:
+                continue
+            if not backend.remote:
+                need = [step_resources(getattr(self.flow_cls, t.step)) for t in unit]
+                if running and not self.pool.fits(need):
+                    continue
+                for r in need:
+                    self.pool.take(r)
+            self._submit(unit, backend)
+        for (name, _, _), tasks in arrays.items():
+            free = self.max_workers - sum(1 for t in self.tasks if t.state == "running")
+            if free > 0:
+                self._submit(tasks[:free], self.backends[name])
+
+    def _submit(self, tasks: list[Task], backend: Backend) -> None:
+        try:
+            unit = self._unit(tasks, backend)
+            if backend.remote and unit.kind == "gang":
+                backend.check(unit)  # its size is known only now (num_parallel computed in the parent step)
+            ref = backend.submit(backend.materialize(unit))
+        except StokerError as e:  # refused or unreachable: nothing was submitted; no retry can help
+            for t in tasks:
+                t.started, t.backend = time.time(), backend
+                m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
+                     "artifacts": {}, "exception": {"type": type(e).__name__, "message": str(e), "traceback": ""}}
+                write_manifest(self.store, m)
+                self.db.ingest_manifest(m)
+                t.manifest, t.state = m, "failed"
+            self.failed = True
+            self.failures.append(f"step {tasks[0].step} could not be submitted to {backend.name}: {e}")
+            self._stop_all("another task failed")
+            return
+        if backend.persist_refs:
+            self.store.write(job_record_name(self.flow, self.run_id, ref), ref.to_json().encode(), durable=False)
+            if self.on_submit:
+                self.on_submit(ref, self.store.url, self.run_id)
+        self.live[(backend.name, ref.job_id)] = tasks
+        now = time.time()
+        for i, t in enumerate(tasks):
+            t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
+                                  self._prefix(t))
+            t.job, t.member, t.backend = ref, i, backend
+            t.state, t.started, t.deadline, t.stopping, t.stop_reason = "running", 0.0, None, False, None
+            self.display.count("running")
+        if backend.remote:
+            self.display.info(f"[{unit.label}] submitted to {backend.name} as job {ref.job_id}"
+                              + (f" ({len(tasks)} {'nodes' if unit.kind == 'gang' else 'tasks'})"
+                                 if len(tasks) > 1 else ""), style="dim")
+        self.last_poll.setdefault(backend.name, now)
+
+    def _unit(self, tasks: list[Task], backend: Backend) -> Unit:
+        step = tasks[0].step
+        func = getattr(self.flow_cls, step)
+        opts, res, tmo = (get_decorator(func, n) for n in (backend.name, "resources", "timeout"))
+        kind = "gang" if tasks[0].gang else "array" if len(tasks) > 1 else "task"
+        unit = Unit(kind=kind, flow=self.flow, run_id=self.run_id, step=step, specs=[self._spec(t) for t in tasks],
+                    options=dict(opts.attributes) if opts else {},
+                    resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
+                    timeout_s=tmo.total_seconds if tmo else None, store_url=self.store.url,
+                    env={"STOKER_RUN_ID": self.run_id})
+        if backend.remote:
+            if self.package is None:
+                self.package = stage_package(self.store, self.flow_file)
+            unit.code_key, unit.flow_path = self.package
+            unit.spec_key = self.store.put_bytes(unit.spec_document())
+        return unit
 
     def _clone(self, unit: list[Task]) -> bool:
         """On resume, reuse the origin run's successful task for the same step and foreach position."""
@@ -213,21 +299,6 @@ class Scheduler:
                         origin_run_id=self.origin_run_id, store_url=self.store.url, flow_file=self.flow_file,
                         flow_class=self.flow_cls.__name__, with_decorators=self.with_specs)
 
-    def _launch(self, t: Task) -> None:
-        spec = self._spec(t)
-        env = {"STOKER_RUN_ID": self.run_id, "STOKER_TASK_PATHSPEC": spec.pathspec}
-        t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
-                              self._prefix(t))
-        t.handle = self.executor.launch(spec, env, lambda: run_task(self.flow_cls, spec, self.store, self.graph))
-        t.state, t.started, t.kill_at, t.stop_reason = "running", time.time(), None, None
-        tmo = get_decorator(getattr(self.flow_cls, t.step), "timeout")
-        t.deadline = t.started + tmo.total_seconds + 5 if tmo else None
-        for fd, stream in zip(t.handle.fds, ("stdout", "stderr"), strict=False):
-            self.sel.register(fd, selectors.EVENT_READ, (t, stream))
-        if t.handle.exit_fd is not None:
-            self.sel.register(t.handle.exit_fd, selectors.EVENT_READ, (t, "exit"))
-        self.display.count("running")
-
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
         old = signal.signal(signal.SIGINT, self._on_sigint)
@@ -238,18 +309,18 @@ class Scheduler:
                 self._check_interrupt()
                 if not self.failed and not self.interrupted:
                     self._admit()
-                running = [t for t in self.tasks if t.state == "running"]
-                if not running:
+                if not self.live:
                     if self.failed or self.interrupted or not any(t.state == "pending" for t in self.tasks):
                         break
-                self._pump(0.05 if running else min(0.5, self._next_wakeup()))
+                self._wait(0.05 if self.live else min(0.5, self._next_wakeup()))
                 self._check_interrupt()
-                self._reap()
+                self._poll()
                 self.display.refresh()
         finally:
             signal.signal(signal.SIGINT, old)
             signal.signal(signal.SIGTERM, old_term)
-            self.sel.close()
+            for b in self.backends.values():
+                b.close()
             self.display.close()
         status = "killed" if self.interrupted else "failed" if self.failed else "succeeded"
         if status == "succeeded" and not any(t.step == "end" and t.state == "ok" for t in self.tasks):
@@ -261,7 +332,7 @@ class Scheduler:
         return max(0.01, min(waits)) if waits else 0.05
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.interrupted = True  # acted on by the loop, never in the middle of a launch
+        self.interrupted = True  # acted on by the loop, never in the middle of a submission
 
     def _check_interrupt(self) -> None:
         if self.interrupted and not self._stopping:
@@ -269,82 +340,107 @@ class Scheduler:
             self.display.info("interrupted: stopping all tasks", style="bold red")
             self._stop_all("the run was interrupted")
 
-    def _pump(self, timeout: float) -> None:
-        for key, _ in self.sel.select(timeout):
-            t, stream = key.data
-            if stream == "exit":  # the task exited: stop watching; _reap collects it right away
-                self.sel.unregister(key.fd)
-                os.close(key.fd)
-                t.handle.exit_fd = None
-            else:
-                self._read(t, stream, key.fd)
+    def _live_backends(self) -> list[Backend]:
+        names = {name for name, _ in self.live}
+        return [b for n, b in self.backends.items() if n in names]
 
-    def _read(self, t: Task, stream: str, fd: int) -> bool:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return True
-        except OSError:
-            data = b""
-        if not data:
-            self.sel.unregister(fd)
-            os.close(fd)
-            return False
-        for line in t.output.feed(stream, data):
-            self.display.line(t.step, self._prefix(t), line, stream)
-        return True
-
-    def _reap(self) -> None:
+    def _wait(self, timeout: float) -> None:
+        """Let the backends stream output until something may have changed or a remote poll is due."""
+        live = self._live_backends()
+        if not live:
+            time.sleep(timeout)
+            return
         now = time.time()
-        for t in [t for t in self.tasks if t.state == "running"]:
-            code = t.handle.poll()
-            if code is None:
-                if t.deadline and now > t.deadline and not t.kill_at:
-                    self._stop(t, "it exceeded its @timeout", hard=True)
-                elif t.kill_at and now > t.kill_at:
-                    t.handle.signal(signal.SIGKILL)
-                continue
-            t.handle.signal(signal.SIGKILL, tree=False)  # stragglers left in its process group
-            self._drain(t)
-            self._finish(t, code)
+        due = min((self.last_poll.get(b.name, 0) + b.poll_interval - now for b in live if b.remote), default=timeout)
+        timeout = max(0.0, min(timeout, due)) if any(not b.remote for b in live) else max(0.0, due)
+        live.sort(key=lambda b: b.remote)  # a local backend wakes the moment a member exits
+        for i, b in enumerate(live):
+            b.wait(timeout if i == 0 else 0.0, self._sink)
 
-    def _drain(self, t: Task) -> None:
-        if t.handle.exit_fd is not None:
-            self.sel.unregister(t.handle.exit_fd)
-            os.close(t.handle.exit_fd)
-            t.handle.exit_fd = None
-        for fd, stream in zip(t.handle.fds, ("stdout", "stderr"), strict=False):
-            if fd in self.sel.get_map():
-                deadline = time.time() + 1.0
-                while time.time() < deadline and fd in self.sel.get_map():
-                    ready, _, _ = select.select([fd], [], [], 0.1)
-                    if not ready or not self._read(t, stream, fd):
-                        break  # nothing more now (a straggler may hold the pipe open), or EOF
-                if fd in self.sel.get_map():
-                    self.sel.unregister(fd)
-                    os.close(fd)
-        for stream, line in t.output.close():
-            self.display.line(t.step, self._prefix(t), line, stream)
+    def _sink(self, ref: JobRef, member: int, stream: str, data: bytes) -> None:
+        tasks = self.live.get((ref.backend, ref.job_id))
+        if tasks and member < len(tasks) and tasks[member].output:
+            t = tasks[member]
+            for line in t.output.feed(stream, data):
+                self.display.line(t.step, self._prefix(t), line, stream)
+
+    def _poll(self) -> None:
+        now = time.time()
+        for b in self._live_backends():
+            if now - self.last_poll.get(b.name, 0) < b.poll_interval:
+                continue
+            self.last_poll[b.name] = now
+            refs = [ts[0].job for (n, _), ts in self.live.items() if n == b.name]
+            statuses = b.poll(refs)
+            for ref in refs:
+                self._update(b, ref, statuses.get(ref.job_id), now)
+
+    def _update(self, b: Backend, ref: JobRef, status: JobStatus | None, now: float) -> None:
+        key = (b.name, ref.job_id)
+        tasks = self.live[key]
+        if status is None:  # not (yet, or any more) known to the engine
+            since = self.unseen.setdefault(key, now)
+            if now - since < LOST_AFTER_S and not (self.stop_deadline and now > self.stop_deadline):
+                return
+            status = JobStatus(EXITED, exit_code=-9, reason=f"the {b.name} engine lost job {ref.job_id}")
+        self.unseen.pop(key, None)
+        # a gang whose nodes all ended together: the node that reported its own failure went first
+        order = sorted(range(len(tasks)), key=lambda i: not (status.member(i).state == EXITED and self.store.exists(
+            manifest_name(self.flow, self.run_id, tasks[i].step, tasks[i].task_id, tasks[i].attempt)))) \
+            if len(tasks) > 1 and tasks[0].gang and status.state == EXITED else range(len(tasks))
+        for i in order:
+            t = tasks[i]
+            if t.state != "running":
+                continue
+            s = status.member(i)
+            if s.state == EXITED:
+                self._finish(t, s.exit_code if s.exit_code is not None else -9, s.reason)
+            elif s.started_at or s.state != "queued":
+                if not t.started:
+                    t.started = s.started_at or now
+                    tmo = get_decorator(getattr(self.flow_cls, t.step), "timeout")
+                    t.deadline = t.started + tmo.total_seconds + 5 if tmo else None
+                if t.deadline and now > t.deadline and not t.stopping:
+                    self._stop(t, "it exceeded its @timeout", hard=True)
+        if self.stop_deadline and now > self.stop_deadline and any(t.state == "running" for t in tasks):
+            for t in tasks:
+                if t.state == "running":
+                    self.failures.append(f"could not confirm that {b.name} job {ref.job_id} ({t.step}/{t.task_id})"
+                                         f" was cancelled: cancel it by hand")
+                    self._finish(t, -9, "its cancellation was not confirmed")
+        if all(t.state != "running" for t in tasks):
+            del self.live[key]
 
     def _stop(self, t: Task, reason: str, hard: bool = False) -> None:
-        if t.state != "running" or t.kill_at or t.handle.poll() is not None:
-            return  # not running, already being stopped, or already dead (its own outcome stands)
-        t.stop_reason = reason
-        t.handle.signal(signal.SIGKILL if hard else signal.SIGTERM)
-        t.kill_at = time.time() + (0 if hard else KILL_GRACE_S)
+        if t.state != "running" or t.stopping:
+            return  # not running, or already being stopped
+        for g in self.live.get((t.backend.name, t.job.job_id), [t]):
+            if g.state == "running" and not g.stopping:
+                g.stop_reason, g.stopping = g.stop_reason or reason, True
+        t.backend.cancel(t.job, 0.0 if hard else KILL_GRACE_S)
+        if t.backend.remote and self.stop_deadline is None and (self.failed or self.interrupted):
+            self.stop_deadline = time.time() + CANCEL_WAIT_S
 
     def _stop_all(self, reason: str) -> None:
         for t in self.tasks:
             self._stop(t, reason)
 
     # -- outcomes ---------------------------------------------------------------------------------
-    def _finish(self, t: Task, code: int) -> None:
-        self.pool.give(step_resources(getattr(self.flow_cls, t.step)))
+    def _finish(self, t: Task, code: int, reason: str | None = None) -> None:
+        if not t.backend.remote:
+            self.pool.give(step_resources(getattr(self.flow_cls, t.step)))
         self.display.count("running", -1)
         t.exit_code = code
+        t.engine_reason = reason
+        for stream, line in t.output.close():
+            self.display.line(t.step, self._prefix(t), line, stream)
         for stream in ("stdout", "stderr"):
-            self.store.write(log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream),
-                             t.output.read(stream), durable=False)
+            name = log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream)
+            if not t.backend.remote:
+                self.store.write(name, t.output.read(stream), durable=False)
+            elif not self.store.exists(name):  # the task uploads its own logs; one killed hard may not have
+                data = t.backend.logs(t.job, t.member, stream) or t.output.read(stream)
+                self.store.write(name, data, durable=False)
         try:
             m = read_manifest(self.store, self.flow, self.run_id, t.step, t.task_id, t.attempt)
         except Exception:  # noqa: BLE001 - a killed task writes none; we write it
@@ -377,7 +473,8 @@ class Scheduler:
             how = f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
         else:
             how = f"exited with code {code}"
-        why = f" because {t.stop_reason}" if t.stop_reason else ""
+        why = t.stop_reason or t.engine_reason
+        why = f" because {why}" if why else ""
         m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
              "artifacts": {}, "exception": {"type": "TaskDied", "message": f"task process {how}{why}",
                                             "traceback": ""}}
@@ -420,12 +517,9 @@ class Scheduler:
                               f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
                               f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),
                               style="yellow")
-            port = free_port()  # a fresh rendezvous port: stragglers of the last attempt may hold the old one
             for g in unit:
-                if g.parallel:
-                    g.parallel = dict(g.parallel, port=port)
                 g.attempt += 1
-                g.state, g.not_before, g.manifest, g.handle = "pending", time.time() + delay, None, None
+                g.state, g.not_before, g.manifest, g.job = "pending", time.time() + delay, None, None
             return
         self.failed = True
         self.display.count("failed")

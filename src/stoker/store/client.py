@@ -355,8 +355,9 @@ class Task(ClientObject):
         logs = self._m("logs", {}) or {}
         name = logs.get(stream) or log_name(self.flow_name, self.run_id, self.step_name, self.id,
                                             self._attempt_no, stream)
-        if not self._store.exists(name):
-            return ""
+        if not self._store.exists(name):  # a remote task still running: the chunks it uploaded so far
+            parts = sorted(self._store.list(name + ".parts/"))
+            return b"".join(self._store.read(p) for p in parts).decode("utf-8", errors="replace")
         return self._store.read(name).decode("utf-8", errors="replace")
 
     @property

@@ -1,9 +1,14 @@
-"""The metadata index: flows, runs, steps, tasks, attempts, artifacts and tags in SQLite (WAL mode).
+"""The metadata index: flows, runs, steps, tasks, attempts, artifacts and tags in SQLite.
 
 The blob store is the truth; this database is an index of it, built by the scheduler (its single
 writer) from run records and task manifests. Readers (the client, the CLI, other processes) read
 concurrently thanks to WAL. Every write is one ``BEGIN IMMEDIATE`` transaction; ingesting the same
 manifest twice leaves the same rows.
+
+WAL keeps its index in shared memory, which hosts sharing a network filesystem do not share: there the
+database uses a rollback journal (``journal_mode=DELETE``, POSIX locks), where readers wait out a
+commit (the busy timeout) instead of reading alongside it. ``STOKER_SQLITE_JOURNAL`` overrides the
+choice.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -18,7 +24,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import StoreError
+from stoker.errors import ConfigError, StoreError
+from stoker.store.fsinfo import MOUNTS_FILE, filesystem_type, is_network_fs
 from stoker.store.manifest import list_manifests, validate_manifest
 from stoker.store.records import (
     RUN_STATUSES,
@@ -34,6 +41,11 @@ from stoker.store.records import (
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+
+JOURNAL_ENV = "STOKER_SQLITE_JOURNAL"
+JOURNAL_MODES = ("wal", "delete", "truncate")
+_BUSY_TIMEOUT_S = 30.0
+_fallback_logged: set[Path] = set()  # databases whose rollback-journal fallback was already logged
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -73,21 +85,54 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 
-class MetadataDB:
-    """The SQLite metadata index at ``path`` (created, in WAL mode, if missing). Thread-safe."""
+def _journal_from_env() -> str | None:
+    """The journal mode ``$STOKER_SQLITE_JOURNAL`` asks for, or None when it is unset or empty."""
+    value = os.environ.get(JOURNAL_ENV, "").strip()
+    if not value:
+        return None
+    if value.lower() not in JOURNAL_MODES:
+        raise ConfigError(f"{JOURNAL_ENV}={value!r} is not a journal mode: use one of {', '.join(JOURNAL_MODES)}, "
+                          f"or unset it to pick by filesystem (wal locally, delete on network filesystems)")
+    return value.lower()
 
-    def __init__(self, path: str | Path) -> None:
+
+class MetadataDB:
+    """The SQLite metadata index at ``path`` (created if missing). Thread-safe.
+
+    The journal mode is WAL on a local filesystem and ``delete`` (a rollback journal) on a network
+    one, unless ``$STOKER_SQLITE_JOURNAL`` (wal, delete or truncate) says otherwise; ``journal_mode``
+    is the mode SQLite reports in effect. ``mounts_file`` is the mount table the filesystem is looked
+    up in (tests pass a recorded one).
+    """
+
+    def __init__(self, path: str | Path, *, mounts_file: str | Path = MOUNTS_FILE) -> None:
         self.path = Path(path).expanduser().resolve()
+        wanted = _journal_from_env()  # a bad value fails before anything is created
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+            if wanted is None:
+                wanted = "delete" if is_network_fs(self.path, mounts_file) else "wal"
+                if wanted == "delete" and self.path not in _fallback_logged:
+                    _fallback_logged.add(self.path)
+                    log.info("%s is on a network filesystem (%s), where SQLite's WAL mode is unsafe: using a "
+                             "rollback journal (journal_mode=DELETE); set %s to override",
+                             self.path, filesystem_type(self.path, mounts_file), JOURNAL_ENV)
+            self._conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
                                          check_same_thread=False)
-            self._conn.execute("PRAGMA busy_timeout = 30000")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            with contextlib.suppress(sqlite3.OperationalError):
+                # Leaving WAL needs the only connection: with another one open this fails ("database is
+                # locked") and the database keeps its mode, hence the read back.
+                self._conn.execute(f"PRAGMA journal_mode = {wanted.upper()}")
+            self.journal_mode: str = self._conn.execute("PRAGMA journal_mode").fetchone()[0].lower()
+            # NORMAL is safe with WAL (a power loss may drop the last commits); a rollback journal needs FULL.
+            self._conn.execute(f"PRAGMA synchronous = {'NORMAL' if self.journal_mode == 'wal' else 'FULL'}")
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot open the metadata database {self.path}: {e}; set STOKER_HOME to a "
                              f"writable folder") from e
+        if self.journal_mode != wanted:
+            log.warning("%s stays in journal mode %s instead of %s: another process has it open; it switches "
+                        "when opened while no other connection is", self.path, self.journal_mode, wanted)
         self._lock = threading.RLock()
         self._init_schema()
 

@@ -1,5 +1,5 @@
-"""The local backend: every task is its own process on this machine."""
+"""The local backend: members are processes on this machine."""
 
-from .executor import LocalExecutor
+from .backend import LocalBackend
 
-__all__ = ["LocalExecutor"]
+__all__ = ["LocalBackend"]

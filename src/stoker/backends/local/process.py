@@ -1,0 +1,120 @@
+"""One local member process: forked (runs the task in-process) or spawned (`python flow.py _task SPEC`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+
+from ..._process import die_with_parent, signal_tree
+from ...runtime.spec import TaskSpec
+
+TAIL = 64 << 10
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3
+        return None
+
+
+class Member:
+    """A member process with its (stdout, stderr) pipes and a pidfd that is readable once it exits."""
+
+    def __init__(self, pid: int, fds: tuple[int, int], popen: subprocess.Popen | None = None,
+                 spec_file: str | None = None) -> None:
+        self.pid, self.fds, self.popen, self.spec_file = pid, fds, popen, spec_file
+        for fd in fds:
+            os.set_blocking(fd, False)
+        self.exit_fd = _pidfd(pid)
+        self.started = time.time()
+        self.code: int | None = None
+        self.reaped = False
+        self.tail = {"stdout": bytearray(), "stderr": bytearray()}
+
+    def keep(self, stream: str, data: bytes) -> None:
+        buf = self.tail[stream]
+        buf += data
+        del buf[:-TAIL]
+
+    def poll(self) -> int | None:
+        if self.code is not None:
+            return self.code
+        if self.popen is not None:
+            self.code = self.popen.poll()
+        else:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 1 << 8
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        if self.code is not None and self.spec_file and os.path.exists(self.spec_file):
+            os.unlink(self.spec_file)
+        return self.code
+
+    def signal(self, sig: int, tree: bool = True) -> None:
+        signal_tree(self.pid, sig, tree)
+
+
+def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the member process
+        code = 1
+        try:
+            os.setsid()
+            die_with_parent()
+            if os.getppid() != parent:  # the scheduler died before prctl took effect
+                os._exit(1)
+            os.close(r_out)
+            os.close(r_err)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(w_out, 1)
+            os.dup2(w_err, 2)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+            os.environ.update(env)
+            code = entry()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+            code = 1
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(w_out)
+    os.close(w_err)
+    return Member(pid, (r_out, r_err))
+
+
+def spawn_member(flow_file: str, spec: TaskSpec, env: dict[str, str]) -> Member:
+    fd, path = tempfile.mkstemp(prefix="stoker-task-", suffix=".json")  # 0600: this user only
+    with os.fdopen(fd, "w") as f:
+        f.write(spec.to_json())
+    proc = subprocess.Popen([sys.executable, flow_file, "_task", path], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env},
+                            start_new_session=True, preexec_fn=die_with_parent)
+    fds = (os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno()))  # type: ignore[union-attr]
+    proc.stdout.close()  # type: ignore[union-attr]
+    proc.stderr.close()  # type: ignore[union-attr]
+    proc.stdout = proc.stderr = None
+    return Member(proc.pid, fds, popen=proc, spec_file=path)

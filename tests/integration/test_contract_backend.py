@@ -1,0 +1,62 @@
+"""The next backend needs no scheduler change: a backend that implements only the contract runs a foreach
+and a gang (with a failing node, a gang retry and fail-fast) through the remote path: code package, spec
+blob, `python -m stoker.runtime.node`, logs uploaded by the task."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+
+import pytest
+
+from stoker import Flow
+from stoker.runtime.launch import start_run
+from tests.contract_backend import ProcessBackend
+from tests.helpers import EXAMPLES, FLOWS
+
+pytestmark = pytest.mark.slow
+
+
+def _flow_class(path, name):
+    spec = importlib.util.spec_from_file_location(f"flowmod_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return getattr(mod, name)
+
+
+def test_foreach_on_a_contract_only_backend(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend = ProcessBackend()
+    cls = _flow_class(EXAMPLES / "foreach.py", "ForeachFlow")
+    result = start_run(cls, lambda step: backend, params={"n": "5"}, quiet=True)
+    assert result.status == "succeeded", result.failures
+    run = Flow("ForeachFlow")[result.run_id]
+    assert run["end"].task.data.total_sum == sum(i * i for i in range(1, 6))
+    squares = sorted(run["square"], key=lambda t: t.index)
+    assert [t.data.value for t in squares] == [i * i for i in range(1, 6)]
+    assert "^2 =" in squares[0].stdout, "the member uploaded its own log to the store"
+    kinds = [r.unit.kind for r in backend.submitted]
+    assert kinds.count("task") == len(kinds), "a backend without arrays gets one unit per task"
+    keys = {r.unit.code_key for r in backend.submitted}
+    assert len(keys) == 1 and None not in keys, "one code package per run"
+
+
+def test_gang_fails_fast_and_retries_as_a_unit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend = ProcessBackend()
+    cls = _flow_class(FLOWS / "gang_flow.py", "GangFlow")
+    t0 = time.time()
+    result = start_run(cls, lambda step: backend, params={"nodes": "2", "fail_node": "1"}, quiet=True)
+    assert result.status == "succeeded", result.failures
+    assert time.time() - t0 < 40, "node 0 sleeps 60 s on attempt 0: the gang must have been stopped"
+    gangs = [r for r in backend.submitted if r.unit.kind == "gang"]
+    assert len(gangs) == 2 and [g.unit.attempt for g in gangs] == [0, 1], "one submission per gang attempt"
+    assert all(g.unit.size == 2 for g in gangs)
+    run = Flow("GangFlow")[result.run_id]
+    assert run["join"].task.data.nodes_seen == [0, 1] and run["join"].task.data.attempts == [1]
+    work = sorted(run["work"], key=lambda t: t.data.node)
+    assert all(t.data.main_ip == "127.0.0.1" for t in work), "main address from the engine's environment"
+    first = [a for a in work[1].attempts if not a.successful][0]
+    assert "fails on purpose" in first.stderr
