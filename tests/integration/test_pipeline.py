@@ -109,9 +109,9 @@ def _wait_for_new_checkpoint(home: Path, before: set[str], proc: subprocess.Pope
     raise AssertionError("no checkpoint committed in time")
 
 
-def _start(home: Path, *extra: str) -> subprocess.Popen:
+def _start(home: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(FLOW), "run", *SMALL, *extra], cwd=home,
-                            env={**os.environ, "STOKER_HOME": str(home)}, stdout=subprocess.PIPE,
+                            env={**os.environ, "STOKER_HOME": str(home), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -159,3 +159,53 @@ def test_killing_the_run_process_then_resume_finishes_bitwise(reference, home):
     assert result["resumed_from"] and killed in result["resumed_from"]
     assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
     assert json.dumps(run["join"].task.data.metrics)  # the summary artifacts are there
+
+
+def _slurm_jobs(home: Path, run_id: str, step: str) -> list[dict]:
+    folder = Path(home) / "store" / "runs" / "LlamaPretrain" / run_id / "jobs"
+    refs = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    return sorted((r for r in refs if r["step"] == step), key=lambda r: r["attempt"])
+
+
+@pytest.mark.slurm
+def test_train_on_slurm_is_bitwise_the_local_run(reference, home, slurm_cluster):
+    """`train` as one 2-node Slurm job (2 processes a node), every other step here: the same weights."""
+    p = run_flow(FLOW, "run", *SMALL, "--backend", "slurm=train", cwd=home, timeout=900,
+                 env={"STOKER_HOME": str(home), "STOKER_SHARED_PATHS": str(home)})
+    run = client(home).latest_run
+    assert run.successful, p.stdout[-3000:]
+    gang = _slurm_jobs(home, run.id, "train")
+    assert len(gang) == 1 and gang[0]["backend"] == "slurm" and gang[0]["members"] == 2
+    assert not _slurm_jobs(home, run.id, "start"), "start ran here, not on the cluster"
+    train = sorted(run["train"], key=lambda t: t.data.node)
+    assert "[default0]" in train[0].stdout, "node 0's log (rank 0) came back from the cluster"
+    result = run["join"].task.data.result
+    assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
+
+
+@pytest.mark.slurm
+def test_a_rank_killed_on_a_slurm_node_resubmits_the_gang_and_resumes_bitwise(reference, home, slurm_cluster):
+    before = {p.name for p in _ckpt_root(home).iterdir()}
+    proc = _start(home, "--backend", "slurm=train", env={"STOKER_SHARED_PATHS": str(home)})
+    run_id = _wait_for_new_checkpoint(home, before, proc).name
+    victims = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        try:
+            env = p.environ()
+        except psutil.Error:
+            continue
+        if "stoker.train" in cmd and "torch.distributed.run" not in cmd and env.get("RANK") == "3" \
+                and env.get("STOKER_RUN_ID") == run_id:
+            victims.append(p)
+    assert victims, "rank 3 must be running under slurmstepd"
+    victims[0].send_signal(signal.SIGKILL)  # from outside the run: its Slurm job must end, then be resubmitted
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    gangs = _slurm_jobs(home, run_id, "train")
+    assert [g["attempt"] for g in gangs] == [0, 1], "the gang was resubmitted as one job"
+    run = client(home)[run_id]
+    assert all(t.retry_count == 1 for t in run["train"])
+    result = run["join"].task.data.result
+    assert result["resumed_from"], "the retry resumed from the committed checkpoint"
+    assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))

@@ -51,6 +51,7 @@ def cancel_jobs(refs: list[JobRef], grace: float = 3.0) -> tuple[list[JobRef], l
                 cancelled.append(r)
             except Exception as e:  # noqa: BLE001
                 failed.append((r, str(e)))
+        backend.close()  # forces what was asked to stop nicely, once its grace is over
     return cancelled, failed
 
 

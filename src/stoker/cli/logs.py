@@ -1,4 +1,5 @@
-"""`stoker logs FLOW/RUN/STEP[/TASK]`: every task's log of a step, each line prefixed with its task."""
+"""`stoker logs FLOW/RUN/STEP[/TASK]`: every task's log of a step (every node of a gang), each line prefixed
+with its task (and node, and attempt with --all-attempts)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from ..errors import ConfigError
 
 
-def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None) -> int:
+def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None, all_attempts: bool = False) -> int:
     from ..store import Run, Task
 
     parts = pathspec.strip("/").split("/")
@@ -19,9 +20,15 @@ def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None) 
     else:
         tasks = [Task("/".join(parts[:4]), attempt=attempt)]
     stream = "stderr" if stderr else "stdout"
-    many = len(tasks) > 1
-    for t in tasks:
-        text = getattr(t, stream)
-        for line in text.splitlines():
-            sys.stdout.write(f"[{t.id}] {line}\n" if many else f"{line}\n")
+    shown = [a for t in tasks for a in (t.attempts if all_attempts else [t])]
+    many = len(shown) > 1
+    for t in shown:
+        label = t.id
+        node = (t.parallel or {}).get("node_index")
+        if node is not None:
+            label += f" node {node}"
+        if all_attempts:
+            label += f" attempt {t.retry_count}"
+        for line in getattr(t, stream).splitlines():
+            sys.stdout.write(f"[{label}] {line}\n" if many else f"{line}\n")
     return 0

@@ -62,7 +62,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from .logs import print_logs
 
-    return print_logs(args.pathspec, stderr=args.stderr, attempt=args.attempt)
+    return print_logs(args.pathspec, stderr=args.stderr, attempt=args.attempt, all_attempts=args.all_attempts)
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pathspec")
     p.add_argument("--stderr", action="store_true")
     p.add_argument("--attempt", type=int)
+    p.add_argument("--all-attempts", action="store_true", help="every attempt of every task (retries included)")
     p.set_defaults(fn=cmd_logs)
     p = sub.add_parser("kill", help="cancel every live job of FLOW/RUN (Slurm ...) and stop its run process")
     p.add_argument("pathspec")

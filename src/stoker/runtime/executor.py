@@ -153,6 +153,7 @@ class Backend(ABC):
     def check(self, unit: Unit) -> None:
         """Refuse, before anything is submitted, a unit that cannot work here (ConfigError with the fix).
         Called once per step with a representative unit; may do I/O (e.g. ask the engine for its nodes)."""
+        return None
 
     @abstractmethod
     def materialize(self, unit: Unit) -> Request:
@@ -180,3 +181,4 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release what the backend holds (threads, fds)."""
+        return None

@@ -21,8 +21,8 @@ from ..store.blob import BlobStore, open_store
 from ..store.manifest import list_manifests, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, home_dir
-from .output import Display
 from .executor import Backend, JobRef, Unit
+from .output import Display
 from .scheduler import Router, RunResult, Scheduler, frames_key
 from .spec import TaskSpec
 

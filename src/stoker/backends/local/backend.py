@@ -92,8 +92,7 @@ class LocalBackend(Backend):
         for i in range(unit.size):
             env = {**unit.env, **self._member_env(unit, i, port)}
             if self.mode == "fork" and self.entry is not None:
-                entry = self.entry
-                m = fork_member(env, lambda: entry(member_spec(doc)))
+                m = fork_member(env, lambda entry=self.entry: entry(member_spec(doc)))
             else:
                 m = spawn_member(self.flow_file, member_spec(doc, env), env)
             members.append(m)

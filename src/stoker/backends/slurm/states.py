@@ -1,0 +1,109 @@
+"""Slurm job states and exit codes -> stoker's JobStatus (pure; tests feed it recorded lines)."""
+
+from __future__ import annotations
+
+import time
+
+from ...runtime.executor import EXITED, QUEUED, RUNNING, JobRef, JobStatus
+from ...runtime.nodeenv import expand_hostlist
+from .client import SlurmRecord
+
+QUEUED_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
+                 "SUSPENDED"}
+RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED", "UPDATE_DB"}
+EXITED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                 "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+
+CANCELLED = "cancelled (scancel)"
+REASONS = {
+    "CANCELLED": CANCELLED,
+    "TIMEOUT": "hit the Slurm time limit (raise @slurm(time=...))",
+    "NODE_FAIL": "a node failed",
+    "OUT_OF_MEMORY": "ran out of memory (raise @slurm(mem=...))",
+    "PREEMPTED": "preempted",
+    "BOOT_FAIL": "a node failed to boot",
+    "DEADLINE": "missed its Slurm deadline",
+    "REVOKED": "revoked by Slurm (federation)",
+}
+# The code of a job that ended abnormally although Slurm says 0:0 (the completion log does for NODE_FAIL).
+_ABNORMAL_CODE = {"OUT_OF_MEMORY": -9, "FAILED": 1, "BOOT_FAIL": 1, "SPECIAL_EXIT": 1}
+_QUIET_REASONS = {"", "None", "NonZeroExitCode", "(null)", "Priority", "Resources"}
+
+
+def state_kind(state: str) -> str:
+    """queued / running / exited for a Slurm state (`CANCELLED by 0`, `CANCELLED+` and the like included)."""
+    base = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
+    if base in EXITED_STATES:
+        return EXITED
+    if base in QUEUED_STATES:
+        return QUEUED
+    return RUNNING if base in RUNNING_STATES else QUEUED
+
+
+def exit_code(state: str, code: str) -> int:
+    """`X:S` -> X, or -S when a signal S ended it; never 0 for a job that did not complete."""
+    base = state.split()[0].rstrip("+") if state.strip() else ""
+    x, _, s = (code or "0:0").partition(":")
+    value = -int(s) if s.isdigit() and int(s) > 0 else (int(x) if x.isdigit() else 0)
+    if value == 0 and base != "COMPLETED":
+        value = _ABNORMAL_CODE.get(base, -15)  # cancelled, timed out, preempted, node failure: TERMinated
+    return value
+
+
+def epoch(stamp: str) -> float | None:
+    """Slurm's local-time `2026-12-03T11:33:54` -> epoch seconds (None for Unknown / None / N/A)."""
+    try:
+        return time.mktime(time.strptime(stamp.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def hosts(nodelist: str) -> list[str]:
+    nodelist = nodelist.strip()
+    if not nodelist or nodelist in ("None", "(null)", "None assigned") or nodelist.startswith("("):
+        return []
+    return expand_hostlist(nodelist)
+
+
+def record_status(rec: SlurmRecord, cancelled: bool = False) -> JobStatus:
+    """One job or array element."""
+    kind = state_kind(rec.state)
+    base = rec.state.split()[0].rstrip("+") if rec.state.strip() else "UNKNOWN"
+    st = JobStatus(state=kind)
+    if kind == QUEUED:
+        st.reason = f"Slurm: {rec.reason}" if rec.reason not in _QUIET_REASONS else None
+        return st
+    st.started_at = epoch(rec.start)
+    st.hosts = hosts(rec.nodes)
+    if kind == EXITED:
+        st.exit_code = exit_code(rec.state, rec.exit_code)
+        st.reason = CANCELLED if cancelled and base != "COMPLETED" else REASONS.get(base)
+        if st.reason is None and rec.reason not in _QUIET_REASONS:
+            st.reason = f"Slurm: {rec.reason}"  # e.g. JobLaunchFailure
+    return st
+
+
+def job_status(ref: JobRef, records: list[SlurmRecord], cancelled: bool = False) -> JobStatus | None:
+    """The status of `ref` from its records (None when Slurm reported nothing about it)."""
+    if not records:
+        return None
+    if ref.kind != "array":
+        return record_status(records[-1], cancelled)
+    members: dict[int, JobStatus] = {}
+    for rec in records:
+        if rec.index is not None:
+            members[rec.index] = record_status(rec, cancelled)
+        for i in rec.pending:
+            members.setdefault(i, record_status(rec))
+    for i in range(ref.members):
+        members.setdefault(i, JobStatus(state=QUEUED))
+    kinds = {m.state for i, m in members.items() if i < ref.members}
+    state = EXITED if kinds == {EXITED} else QUEUED if kinds == {QUEUED} else RUNNING
+    started = [m.started_at for m in members.values() if m.started_at is not None]
+    all_hosts = sorted({h for m in members.values() for h in m.hosts})
+    st = JobStatus(state=state, started_at=min(started) if started else None, hosts=all_hosts, members=members)
+    if state == EXITED:
+        failed = [members[i] for i in sorted(members) if members[i].exit_code]
+        st.exit_code = failed[0].exit_code if failed else 0
+        st.reason = failed[0].reason if failed else None
+    return st
