@@ -69,8 +69,9 @@ class ProcessBackend(Backend):
                                         started_at=ref.submitted_at, members=members)
         return out
 
-    def cancel(self, ref: JobRef, grace: float = 3.0) -> None:
-        for p in self.procs.get(ref.job_id, []):
+    def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
+        procs = self.procs.get(ref.job_id, [])
+        for p in procs if member is None else procs[member:member + 1]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         if grace > 0:

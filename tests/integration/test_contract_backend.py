@@ -60,3 +60,20 @@ def test_gang_fails_fast_and_retries_as_a_unit(tmp_path, monkeypatch):
     assert all(t.data.main_ip == "127.0.0.1" for t in work), "main address from the engine's environment"
     first = [a for a in work[1].attempts if not a.successful][0]
     assert "fails on purpose" in first.stderr
+
+
+class ArrayBackend(ProcessBackend):
+    arrays = True
+
+
+def test_an_array_element_retried_while_its_siblings_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend = ArrayBackend()
+    cls = _flow_class(FLOWS / "array_retry_flow.py", "ArrayRetryFlow")
+    result = start_run(cls, lambda step: backend, quiet=True)
+    assert result.status == "succeeded", result.failures
+    run = Flow("ArrayRetryFlow")[result.run_id]
+    assert run["join"].task.data.values == [0, 10, 20]
+    work = [r.unit for r in backend.submitted if r.unit.step == "work"]
+    assert [(u.kind, u.size, u.attempt) for u in work] == [("array", 3, 0), ("task", 1, 1)]
+    assert work[0].throttle == 16, "the engine runs at most --max-workers elements at once"

@@ -15,11 +15,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import IO
 
 from ..runtime.executor import EXITED, JobRef
+from ..runtime.scheduler import kill_request_name
 from ..store.blob import BlobStore, open_store
-from ..store.manifest import read_run_record, run_prefix
+from ..store.manifest import read_run_record, run_prefix, write_run_record
 
 
 def job_refs(store: BlobStore, flow: str, run_id: str) -> list[JobRef]:
@@ -61,6 +63,7 @@ def kill_run(store: BlobStore, flow: str, run_id: str, out: IO[str] = sys.stdout
         from ..errors import StokerError
 
         raise StokerError(f"run {flow}/{run_id} is not in the store {store.url}: see `stoker runs {flow}`")
+    store.write(kill_request_name(flow, run_id), json.dumps({"by": socket.gethostname(), "at": time.time()}).encode())
     pid, host = record.get("pid"), record.get("host")
     if record.get("status") == "running" and pid and host == socket.gethostname():
         try:
@@ -117,7 +120,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     store = open_store(a.store)
     cancelled, failed = cancel_jobs(job_refs(store, a.flow, a.run))
-    report = {"cancelled": [r.job_id for r in cancelled], "failed": [[r.job_id, w] for r, w in failed]}
+    report = {"cancelled": [r.job_id for r in cancelled], "not_cancelled": [[r.job_id, w] for r, w in failed]}
+    record = read_run_record(store, a.flow, a.run)
+    if record is not None and record.get("status") == "running":  # the run died: say so where users look
+        write_run_record(store, {**record, "status": "failed", "finished_at": time.time(), "guardian": report})
+        try:
+            from ..store.metadata import MetadataDB
+            from ..store.paths import default_db_path
+
+            MetadataDB(default_db_path()).set_run_status(a.flow, a.run, "failed", finished_at=time.time())
+        except Exception:  # noqa: BLE001 - the store is the truth; the index can be rebuilt from it
+            pass
     if cancelled or failed:
         print(f"stoker guardian: the run {a.flow}/{a.run} ended without stopping its jobs: {json.dumps(report)}",
               file=sys.stderr)

@@ -3,7 +3,7 @@
     materialize(unit) -> Request    pure, no I/O: one task, a whole gang, or an array of tasks of one step
     submit(request)   -> JobRef     persisted by the scheduler at once (kill / re-attach after a crash)
     poll(refs)        -> statuses   batched: one engine call for every live job, rate-limited by the caller
-    cancel(ref, grace)              Ctrl-C, `stoker kill`, gang fail-fast, @timeout
+    cancel(ref, grace[, member])    Ctrl-C, `stoker kill`, gang fail-fast, @timeout (one array element)
     logs(ref, member)               the log of one node of a gang (or one element of an array)
 
 A unit's *members* are its gang nodes (member i is node i) or its array elements. Each member runs the
@@ -61,6 +61,7 @@ class Unit:
     code_key: str | None = None  # the code package blob (remote backends)
     spec_key: str | None = None  # the unit spec blob (remote backends)
     flow_path: str = ""  # the flow file inside the code package
+    throttle: int | None = None  # an array: at most this many members run at once
 
     @property
     def size(self) -> int:
@@ -168,12 +169,16 @@ class Backend(ABC):
         unknown to the engine (it is treated as still queued, then lost after a while)."""
 
     @abstractmethod
-    def cancel(self, ref: JobRef, grace: float = 3.0) -> None:
-        """Stop every member: ask nicely, and force after `grace` seconds."""
+    def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
+        """Stop every member (or only `member` of an array): ask nicely, and force after `grace` seconds."""
 
     @abstractmethod
     def logs(self, ref: JobRef, member: int = 0, stream: str = "stdout") -> bytes:
         """What member `member` printed so far (b"" when nothing is known)."""
+
+    def bind(self, entry: Callable[[TaskSpec], int]) -> None:
+        """The in-process task entrypoint, for a backend that forks members from the scheduler."""
+        return None
 
     def wait(self, timeout: float, sink: Sink) -> None:
         """Block up to `timeout` s or until something may have changed, feeding new output to `sink`."""

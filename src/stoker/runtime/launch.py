@@ -13,17 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, StokerError
-from ..flow.decorators import apply_with, get_decorator
+from ..flow.decorators import apply_with
 from ..flow.graph import FlowGraph, lint
 from ..flow.parameters import _MISSING, Config, ParameterContext
 from ..store.artifacts import save_artifact
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import list_manifests, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
-from ..store.paths import current_user, default_db_path, home_dir
+from ..store.paths import current_user, default_db_path, default_store_url, home_dir
 from .executor import Backend, JobRef, Unit
 from .output import Display
-from .scheduler import Router, RunResult, Scheduler, frames_key
+from .package import stage_package
+from .scheduler import Router, RunResult, Scheduler, build_unit, frames_key
 from .spec import TaskSpec
 
 
@@ -88,7 +89,6 @@ def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
     out = []
     for node in graph:
         backend = router(node.name)
-        func = getattr(flow_cls, node.name)
         parent = graph[node.in_funcs[0]] if node.in_funcs else None
         n = _gang_size(parent.num_parallel, flow_cls, values) if parent is not None and parent.kind == "parallel" \
             else None
@@ -97,11 +97,7 @@ def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
         specs = [TaskSpec(flow=graph.name, run_id="RUN", step=node.name, task_id=f"T{i}", store_url=store_url,
                           parallel={"main_ip": None, "num_nodes": size, "node_index": i, "port": None,
                                     "control_task_id": "T0"} if kind == "gang" else None) for i in range(size)]
-        opts, res, tmo = (get_decorator(func, k) for k in (backend.name, "resources", "timeout"))
-        unit = Unit(kind=kind, flow=graph.name, run_id="RUN", step=node.name, specs=specs,
-                    options=dict(opts.attributes) if opts else {},
-                    resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
-                    timeout_s=tmo.total_seconds if tmo else None, store_url=store_url, env={"STOKER_RUN_ID": "RUN"})
+        unit = build_unit(flow_cls, backend, kind, specs, store_url)
         if backend.remote:
             unit.code_key, unit.spec_key, unit.flow_path = "CODE_PACKAGE_KEY", "SPEC_KEY", Path(graph.file).name
         out.append((backend, unit))
@@ -129,7 +125,7 @@ def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, U
 def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None) -> str:
     """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O."""
     graph = prepare_flow(flow_cls, list(with_specs or []))
-    store_url = os.environ.get("STOKER_STORE") or str(home_dir() / "store")
+    store_url = default_store_url()
     parts = []
     for backend, unit in plan_units(graph, flow_cls, router, store_url):
         parts.append(f"# ---- step {unit.step}: {backend.name} ({unit.kind}, {unit.size} member(s)) ----\n"
@@ -156,7 +152,10 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     else:
         values = resolve_run_inputs(flow_cls, params or {}, config_paths or {}, overrides or {},
                                     Path(flow_file).parent)
-    check_units(graph, flow_cls, plan_units(graph, flow_cls, router, store.url, values))
+    planned = plan_units(graph, flow_cls, router, store.url, values)
+    check_units(graph, flow_cls, planned)
+    # the code package, built before anything runs (a package that cannot be built fails now, not mid-run)
+    package = stage_package(store, flow_file) if any(b.remote for b, _ in planned) else None
     run_id = run_id or new_run_id()
     run_inputs = {k: save_artifact(store, v) for k, v in values.items()}
     declared = flow_cls._run_inputs()
@@ -177,12 +176,12 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     from .task import run_task
 
     for b in {router(n.name).name: router(n.name) for n in graph}.values():
-        if hasattr(b, "bind"):  # a backend that forks members runs them in-process
-            b.bind(lambda spec: run_task(flow_cls, spec, store, graph))
+        b.bind(lambda spec: run_task(flow_cls, spec, store, graph))  # for a backend that forks members
     sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
                       run_inputs=run_inputs, user=user, tags=tags or [], max_workers=max_workers, origin=origin,
                       origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
-                      with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit)
+                      with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit,
+                      package=package)
     started = time.time()
     try:
         result = sched.run()

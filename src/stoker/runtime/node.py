@@ -39,8 +39,8 @@ class LogShipper:
         self.store = store
         self.names = {s: log_name(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt, s)
                       for s in ("stdout", "stderr")}
-        self.buf = {s: bytearray() for s in self.names}
-        self.sent = dict.fromkeys(self.names, 0)
+        self.buf = {s: bytearray() for s in self.names}  # not uploaded yet (memory stays bounded)
+        self.spill = {s: tempfile.TemporaryFile() for s in self.names}  # the whole log, for the final upload
         self.seq = dict.fromkeys(self.names, 0)
         self.lock = threading.Lock()
         self.readers: list[threading.Thread] = []
@@ -67,6 +67,7 @@ class LogShipper:
             os.write(self.saved[stream], data)
             with self.lock:
                 self.buf[stream] += data
+                self.spill[stream].write(data)
 
     def _upload_loop(self) -> None:
         while not self.stop.wait(UPLOAD_EVERY_S):
@@ -75,13 +76,14 @@ class LogShipper:
     def _ship_parts(self) -> None:
         for stream, name in self.names.items():
             with self.lock:
-                chunk = bytes(self.buf[stream][self.sent[stream]:])
+                chunk = bytes(self.buf[stream])
             if not chunk:
                 continue
             try:
                 self.seq[stream] += 1
                 self.store.write(part_name(name, self.seq[stream]), chunk, durable=False)
-                self.sent[stream] += len(chunk)
+                with self.lock:
+                    del self.buf[stream][:len(chunk)]
             except Exception as e:  # noqa: BLE001 - best effort: the engine's own log still has it
                 self.seq[stream] -= 1
                 os.write(self.saved["stderr"], f"stoker: log upload failed ({e}); retrying later\n".encode())
@@ -99,7 +101,9 @@ class LogShipper:
         for stream, name in self.names.items():
             try:
                 with self.lock:
-                    data = bytes(self.buf[stream])
+                    self.spill[stream].seek(0)
+                    data = self.spill[stream].read()
+                    self.spill[stream].close()
                 self.store.write(name, data, durable=False)
                 for i in range(1, self.seq[stream] + 1):
                     self.store.delete(part_name(name, i))
@@ -140,6 +144,7 @@ def run_member(store_url: str, code_key: str, spec_key: str) -> int:
     code = 1
     try:
         sys.path.insert(0, str(pkg))
+        os.chdir(pkg)  # as on Metaflow's remote compute: relative paths resolve inside the code package
         sys.argv = [flow_path, "_task", spec_file]
         runpy.run_path(flow_path, run_name="__main__")
         code = 0

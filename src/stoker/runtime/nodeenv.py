@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-PORT_BASE, PORT_SPAN = 21000, 20000
+PORT_BASE, PORT_SPAN = 12000, 20000  # below Linux's ephemeral range (32768-60999)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from ..store.blob import BlobStore
 
 SKIP_DIRS = {".git", ".hg", ".stoker", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
              ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
+SECRET_HINTS = ("secret", "credential", "token", "passw", "apikey", "api_key", "private", ".env", "netrc")
 SUFFIXES = {".py", ".toml", ".json", ".yaml", ".yml", ".txt", ".cfg", ".ini", ".sh", ".md", ".jinja", ".j2"}
 MAX_FILE = 1 << 20  # bigger files are data, not code: put them in the store or a dataset
 MAX_TOTAL = 64 << 20
@@ -35,7 +36,8 @@ def _walk_flow_dir(root: Path) -> dict[str, Path]:
                              and not (here / d / "pyvenv.cfg").exists())
         for name in filenames:
             p = here / name
-            if p.suffix in SUFFIXES and p.is_file() and p.stat().st_size <= MAX_FILE:
+            secret = any(h in name.lower() for h in SECRET_HINTS)  # never ship keys to a shared store
+            if p.suffix in SUFFIXES and not secret and p.is_file() and p.stat().st_size <= MAX_FILE:
                 files[p.relative_to(root).as_posix()] = p
     return files
 
@@ -56,8 +58,8 @@ def _local_imports(exclude: list[Path]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
-        if not f or not f.endswith(".py"):
-            continue
+        if not f or not f.endswith(".py") or not os.path.isabs(f) or not os.path.isfile(f):
+            continue  # built-in, generated (a relative or missing __file__), or not Python source
         path = Path(f).resolve()
         if any(s in path.parents for s in system) or any(e in path.parents for e in exclude):
             continue

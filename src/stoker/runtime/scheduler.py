@@ -20,7 +20,7 @@ from ..errors import StokerError
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import clone_manifest, log_name, manifest_name, read_manifest, write_manifest
+from ..store.manifest import clone_manifest, log_name, read_manifest, run_prefix, write_manifest
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
 from .output import Display, TaskOutput
@@ -31,12 +31,36 @@ from .spec import TaskSpec
 log = logging.getLogger(__name__)
 KILL_GRACE_S = float(os.environ.get("STOKER_KILL_GRACE", "3"))
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
-LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
+LOST_AFTER_S = 120.0
+MAX_ARRAY = 1000  # elements per job array (Slurm's default MaxArraySize is 1001)
+FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often  # a job the engine has not heard of for this long is lost
 
 
 def job_record_name(flow: str, run_id: str, ref: JobRef) -> str:
     """Where a submission's JobRef is kept (`stoker kill` and a crashed run's guardian read them)."""
-    return f"runs/{flow}/{run_id}/jobs/{ref.backend}-{ref.job_id}.json"
+    return f"{run_prefix(flow, run_id)}jobs/{ref.backend}-{ref.job_id}.json"
+
+
+def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec], store_url: str,
+               throttle: int | None = None) -> Unit:
+    """A unit of `specs` (one step) with the step's settings: its backend decorator, @resources, @timeout."""
+    first = specs[0]
+    func = getattr(flow_cls, first.step)
+    opts, res, tmo = (get_decorator(func, n) for n in (backend.name, "resources", "timeout"))
+    return Unit(kind=kind, flow=first.flow, run_id=first.run_id, step=first.step, specs=specs,
+                options=dict(opts.attributes) if opts else {},
+                resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
+                timeout_s=tmo.total_seconds if tmo else None, store_url=store_url,
+                env={"STOKER_RUN_ID": first.run_id}, throttle=throttle)
+
+
+def kill_request_name(flow: str, run_id: str) -> str:
+    """Written by `stoker kill`: the run stops its jobs and retries none (wherever `run` and `kill` run)."""
+    return f"{run_prefix(flow, run_id)}kill-requested"
+
+
+def b_name(t: Task) -> str:
+    return t.backend.name if t.backend else "backend"
 
 
 def frames_key(frames: list[dict]) -> tuple:
@@ -67,6 +91,7 @@ class Task:
     stopping: bool = False
     stop_reason: str | None = None  # why stoker stopped it
     engine_reason: str | None = None  # why the engine ended it (time limit, node failure, out of memory ...)
+    queued_reason: str | None = None  # why the engine has not started it yet (last shown)
     manifest: dict | None = None
     exit_code: int | None = None
     cloned: bool = False
@@ -92,7 +117,8 @@ class Scheduler:
                  max_workers: int = 16, origin: dict[tuple, dict] | None = None, origin_run_id: str | None = None,
                  rerun_steps: set[str] | None = None, flow_file: str = "", with_specs: list[str] | None = None,
                  display: Display | None = None, log_root: Path | None = None,
-                 on_submit: Callable[[JobRef, str, str], None] | None = None) -> None:
+                 on_submit: Callable[[JobRef, str, str], None] | None = None,
+                 package: tuple[str, str] | None = None) -> None:
         self.flow_cls, self.graph, self.run_id = flow_cls, graph, run_id
         self.store, self.db, self.router = store, db, router
         self.on_submit = on_submit
@@ -108,10 +134,11 @@ class Scheduler:
         self.joins: dict[tuple, dict[int, Task]] = {}
         self.pool: ResourcePool | None = None  # admission for backends on this machine
         self.backends: dict[str, Backend] = {}  # the ones used so far
-        self.live: dict[tuple[str, str], list[Task]] = {}  # (backend, job id) -> its tasks
+        self.live: dict[tuple[str, str], tuple[JobRef, list[Task]]] = {}  # (backend, job id) -> (ref, tasks)
         self.last_poll: dict[str, float] = {}
+        self.poll_gap: dict[str, float] = {}  # seconds to the next poll: short after a change, then backing off
         self.unseen: dict[tuple[str, str], float] = {}  # jobs the engine did not report, since when
-        self.package: tuple[str, str] | None = None  # (blob key, flow path) of the code package
+        self.package = package  # (blob key, flow path) of the code package, for remote backends
         self.stop_deadline: float | None = None
         self.failures: list[str] = []
         self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
@@ -209,10 +236,9 @@ class Scheduler:
                 for r in need:
                     self.pool.take(r)
             self._submit(unit, backend)
-        for (name, _, _), tasks in arrays.items():
-            free = self.max_workers - sum(1 for t in self.tasks if t.state == "running")
-            if free > 0:
-                self._submit(tasks[:free], self.backends[name])
+        for (name, _, _), tasks in arrays.items():  # one array a step, the engine runs max_workers at once
+            for i in range(0, len(tasks), MAX_ARRAY):
+                self._submit(tasks[i:i + MAX_ARRAY], self.backends[name])
 
     def _submit(self, tasks: list[Task], backend: Backend) -> None:
         try:
@@ -233,10 +259,15 @@ class Scheduler:
             self._stop_all("another task failed")
             return
         if backend.persist_refs:
-            self.store.write(job_record_name(self.flow, self.run_id, ref), ref.to_json().encode(), durable=False)
-            if self.on_submit:
-                self.on_submit(ref, self.store.url, self.run_id)
-        self.live[(backend.name, ref.job_id)] = tasks
+            try:
+                self.store.write(job_record_name(self.flow, self.run_id, ref), ref.to_json().encode(),
+                                 durable=False)
+                if self.on_submit:
+                    self.on_submit(ref, self.store.url, self.run_id)
+            except Exception:
+                backend.cancel(ref, 0.0)  # a job nothing could cancel later must not run
+                raise
+        self.live[(backend.name, ref.job_id)] = (ref, tasks)
         now = time.time()
         for i, t in enumerate(tasks):
             t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
@@ -249,17 +280,12 @@ class Scheduler:
                               + (f" ({len(tasks)} {'nodes' if unit.kind == 'gang' else 'tasks'})"
                                  if len(tasks) > 1 else ""), style="dim")
         self.last_poll.setdefault(backend.name, now)
+        self.poll_gap[backend.name] = min(FAST_POLL_S, backend.poll_interval)
 
     def _unit(self, tasks: list[Task], backend: Backend) -> Unit:
-        step = tasks[0].step
-        func = getattr(self.flow_cls, step)
-        opts, res, tmo = (get_decorator(func, n) for n in (backend.name, "resources", "timeout"))
         kind = "gang" if tasks[0].gang else "array" if len(tasks) > 1 else "task"
-        unit = Unit(kind=kind, flow=self.flow, run_id=self.run_id, step=step, specs=[self._spec(t) for t in tasks],
-                    options=dict(opts.attributes) if opts else {},
-                    resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
-                    timeout_s=tmo.total_seconds if tmo else None, store_url=self.store.url,
-                    env={"STOKER_RUN_ID": self.run_id})
+        unit = build_unit(self.flow_cls, backend, kind, [self._spec(t) for t in tasks], self.store.url,
+                          throttle=self.max_workers if kind == "array" else None)
         if backend.remote:
             if self.package is None:
                 self.package = stage_package(self.store, self.flow_file)
@@ -351,48 +377,65 @@ class Scheduler:
             time.sleep(timeout)
             return
         now = time.time()
-        due = min((self.last_poll.get(b.name, 0) + b.poll_interval - now for b in live if b.remote), default=timeout)
+        due = min((self.last_poll.get(b.name, 0) + self._gap(b) - now for b in live if b.remote), default=timeout)
         timeout = max(0.0, min(timeout, due)) if any(not b.remote for b in live) else max(0.0, due)
         live.sort(key=lambda b: b.remote)  # a local backend wakes the moment a member exits
         for i, b in enumerate(live):
             b.wait(timeout if i == 0 else 0.0, self._sink)
 
     def _sink(self, ref: JobRef, member: int, stream: str, data: bytes) -> None:
-        tasks = self.live.get((ref.backend, ref.job_id))
-        if tasks and member < len(tasks) and tasks[member].output:
-            t = tasks[member]
+        _, tasks = self.live.get((ref.backend, ref.job_id), (None, []))
+        t = tasks[member] if member < len(tasks) else None
+        if t is not None and t.output and t.state == "running" and t.job is ref:
             for line in t.output.feed(stream, data):
                 self.display.line(t.step, self._prefix(t), line, stream)
 
     def _poll(self) -> None:
         now = time.time()
-        for b in self._live_backends():
-            if now - self.last_poll.get(b.name, 0) < b.poll_interval:
+        live = self._live_backends()
+        due = [b for b in live if b.remote and now - self.last_poll.get(b.name, 0) >= self._gap(b)]
+        if due and not self.interrupted:  # before the statuses: a job `stoker kill` cancelled is not retried
+            if self.store.exists(kill_request_name(self.flow, self.run_id)):  # `stoker kill` from anywhere
+                self.display.info("stoker kill: stopping all tasks", style="bold red")
+                self.interrupted = True
+                return
+        for b in live:
+            if now - self.last_poll.get(b.name, 0) < self._gap(b):
                 continue
             self.last_poll[b.name] = now
-            refs = [ts[0].job for (n, _), ts in self.live.items() if n == b.name]
-            statuses = b.poll(refs)
+            refs = [ref for (n, _), (ref, _) in self.live.items() if n == b.name]
+            before = self._states(b, refs)
+            try:
+                statuses = b.poll(refs)
+            except StokerError as e:  # a controller restart or a network blip must not end a days-long run
+                self.display.info(f"{b.name}: could not poll ({e}); trying again", style="yellow")
+                statuses = {}
             for ref in refs:
                 self._update(b, ref, statuses.get(ref.job_id), now)
+            changed = before != self._states(b, refs)
+            self.poll_gap[b.name] = min(FAST_POLL_S, b.poll_interval) if changed else \
+                min(b.poll_interval, 2 * self._gap(b))
+
+    def _states(self, b: Backend, refs: list[JobRef]) -> list[tuple]:
+        return [(t.state, bool(t.started)) for r in refs for t in self.live.get((b.name, r.job_id), (r, []))[1]]
+
+    def _gap(self, b: Backend) -> float:
+        return self.poll_gap.get(b.name, b.poll_interval)
 
     def _update(self, b: Backend, ref: JobRef, status: JobStatus | None, now: float) -> None:
         key = (b.name, ref.job_id)
-        tasks = self.live[key]
-        if status is None:  # not (yet, or any more) known to the engine
+        tasks = self.live[key][1]
+        if status is None:  # not (yet, or any more) known to the engine, or the engine did not answer
             since = self.unseen.setdefault(key, now)
             if now - since < LOST_AFTER_S and not (self.stop_deadline and now > self.stop_deadline):
                 return
             status = JobStatus(EXITED, exit_code=-9, reason=f"the {b.name} engine lost job {ref.job_id}")
         self.unseen.pop(key, None)
-        # a gang whose nodes all ended together: the node that reported its own failure went first
-        order = sorted(range(len(tasks)), key=lambda i: not (status.member(i).state == EXITED and self.store.exists(
-            manifest_name(self.flow, self.run_id, tasks[i].step, tasks[i].task_id, tasks[i].attempt)))) \
-            if len(tasks) > 1 and tasks[0].gang and status.state == EXITED else range(len(tasks))
-        for i in order:
-            t = tasks[i]
-            if t.state != "running":
-                continue
-            s = status.member(i)
+        mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a retry's
+        ended = {i: self._ended_at(tasks[i]) for i in mine if status.member(i).state == EXITED}
+        # a gang whose nodes all ended together: the node that reported its own failure first went first
+        for i in sorted(mine, key=lambda i: (i not in ended, ended.get(i) is None, ended.get(i) or 0, i)):
+            t, s = tasks[i], status.member(i)
             if s.state == EXITED:
                 self._finish(t, s.exit_code if s.exit_code is not None else -9, s.reason)
             elif s.started_at or s.state != "queued":
@@ -402,22 +445,40 @@ class Scheduler:
                     t.deadline = t.started + tmo.total_seconds + 5 if tmo else None
                 if t.deadline and now > t.deadline and not t.stopping:
                     self._stop(t, "it exceeded its @timeout", hard=True)
-        if self.stop_deadline and now > self.stop_deadline and any(t.state == "running" for t in tasks):
+            elif s.reason and s.reason != t.queued_reason:
+                t.queued_reason = s.reason
+                if i == 0 or ref.kind != "array":
+                    self.display.info(f"[{self._prefix(t)}] waiting in the {b.name} queue: {s.reason}", style="dim")
+        if self.stop_deadline and now > self.stop_deadline:
             for t in tasks:
-                if t.state == "running":
+                if t.state == "running" and t.job is ref:
                     self.failures.append(f"could not confirm that {b.name} job {ref.job_id} ({t.step}/{t.task_id})"
                                          f" was cancelled: cancel it by hand")
                     self._finish(t, -9, "its cancellation was not confirmed")
-        if all(t.state != "running" for t in tasks):
+        if not any(t.state == "running" and t.job is ref for t in tasks):
             del self.live[key]
+
+    def _ended_at(self, t: Task) -> float | None:
+        """When a remote task wrote its own manifest (None: it did not; it was killed)."""
+        if not t.backend.remote:
+            return None
+        try:
+            return read_manifest(self.store, self.flow, self.run_id, t.step, t.task_id, t.attempt)["finished_at"]
+        except Exception:  # noqa: BLE001 - none written
+            return None
 
     def _stop(self, t: Task, reason: str, hard: bool = False) -> None:
         if t.state != "running" or t.stopping:
             return  # not running, or already being stopped
-        for g in self.live.get((t.backend.name, t.job.job_id), [t]):
-            if g.state == "running" and not g.stopping:
-                g.stop_reason, g.stopping = g.stop_reason or reason, True
-        t.backend.cancel(t.job, 0.0 if hard else KILL_GRACE_S)
+        grace = 0.0 if hard else KILL_GRACE_S
+        if t.job.kind == "array":  # its siblings are independent tasks
+            t.stop_reason, t.stopping = t.stop_reason or reason, True
+            t.backend.cancel(t.job, grace, member=t.member)
+        else:
+            for g in self.live.get((t.backend.name, t.job.job_id), (t.job, [t]))[1]:
+                if g.state == "running" and not g.stopping and g.job is t.job:
+                    g.stop_reason, g.stopping = g.stop_reason or reason, True
+            t.backend.cancel(t.job, grace)
         if t.backend.remote and self.stop_deadline is None and (self.failed or self.interrupted):
             self.stop_deadline = time.time() + CANCEL_WAIT_S
 
@@ -445,6 +506,8 @@ class Scheduler:
             m = read_manifest(self.store, self.flow, self.run_id, t.step, t.task_id, t.attempt)
         except Exception:  # noqa: BLE001 - a killed task writes none; we write it
             m = None
+        if t.backend.remote and m and m.get("status") == "ok":
+            code = 0  # a remote node's exit code is often its job's (srun's): its own manifest is the truth
         if code == 0 and m and m.get("status") == "ok":
             t.manifest, t.state = m, "ok"
             self.db.ingest_manifest(m)
@@ -454,6 +517,10 @@ class Scheduler:
             for g in self._gang(t) if t.gang else [t]:
                 self._successors(g)
             return
+        if m and m.get("status") == "failed" and t.engine_reason and m.get("exception"):
+            exc = m["exception"]  # e.g. the task saw its workers die, and Slurm knows why: out of memory
+            m = dict(m, exception=dict(exc, message=f"{exc.get('message', '')} ({b_name(t)}: {t.engine_reason})"))
+            write_manifest(self.store, m)
         m = m or self._failure_manifest(t, code)
         if m.get("status") == "ok":
             m = dict(m, status="failed", exception={"type": "ExitCode", "message": f"exit code {code}",

@@ -56,12 +56,15 @@ def test_code_package_is_deterministic_and_skips_what_is_not_code(tmp_path):
     (tmp_path / ".stoker" / "x.py").write_text("no")
     (tmp_path / "weights.bin").write_bytes(b"\0" * 10)
     (tmp_path / "big.json").write_text("x" * (2 << 20))
+    (tmp_path / "credentials.json").write_text("{}")
+    (tmp_path / "conf" / "api_token.txt").write_text("s3cr3t")
     a, flow_path = build_package(tmp_path / "flow.py")
     b, _ = build_package(tmp_path / "flow.py")
     assert a == b and flow_path == "flow.py"
     names = tarfile.open(fileobj=io.BytesIO(a)).getnames()
     assert "flow.py" in names and "conf/run.toml" in names
     assert not any(n.startswith(".stoker") or n in ("weights.bin", "big.json") for n in names)
+    assert "credentials.json" not in names and "conf/api_token.txt" not in names, "secrets never travel"
 
 
 def test_package_round_trip_through_the_store(tmp_path):

@@ -25,8 +25,6 @@ from ...runtime.node import member_spec
 from ...runtime.spec import TaskSpec
 from .process import Member, fork_member, spawn_member
 
-KILL_GRACE_S = 3.0
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -138,11 +136,11 @@ class LocalBackend(Backend):
                 del self.jobs[ref.job_id]
         return out
 
-    def cancel(self, ref: JobRef, grace: float = KILL_GRACE_S) -> None:
+    def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
         job = self.jobs.get(ref.job_id)
         if job is None or job.kill_at is not None:
             return
-        for m in job.members:
+        for m in job.members if member is None else job.members[member:member + 1]:
             if m.poll() is None:
                 m.signal(signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         job.kill_at = time.time() + max(0.0, grace)

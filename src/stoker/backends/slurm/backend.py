@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ...errors import ConfigError
+from ...errors import BackendError, ConfigError
 from ...runtime.executor import (
     EXITED,
     QUEUED,
@@ -44,11 +44,8 @@ def shared_reason(path: str, env: dict[str, str] | None = None) -> str | None:
         root = os.path.realpath(os.path.expanduser(p)).rstrip("/")
         if real == root or real.startswith(root + "/"):
             return None
-    try:
-        from ...store.fsinfo import is_network_fs
-    except ImportError:  # pragma: no cover - older trees: treat every path as local
-        def is_network_fs(_path: str) -> bool:
-            return False
+    from ...store.fsinfo import is_network_fs
+
     if is_network_fs(real):
         return None
     where = f"STOKER_SHARED_PATHS={os.pathsep.join(declared)}" if declared else "STOKER_SHARED_PATHS is not set"
@@ -154,6 +151,13 @@ class SlurmBackend(Backend):
         if why:
             raise ConfigError(f"{where}: the Slurm log folder {folder} must be visible from the nodes (srun writes "
                               f"the logs there), but {why}. Fix: {SHARED_FIX}, or set SlurmOptions(log_dir=...)")
+        python = self.options.python
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ConfigError(f"{where}: the nodes would run {python}, which is not an executable file here; set "
+                              f"STOKER_SLURM_PYTHON to the interpreter of the environment the nodes share")
+        why = shared_reason(python)
+        if why and not os.environ.get("STOKER_SLURM_PYTHON"):
+            log.info("the nodes will run %s (%s); if they lack it, set STOKER_SLURM_PYTHON", python, why)
         self._check_resources(unit, where)
 
     def _check_resources(self, unit: Unit, where: str) -> None:
@@ -200,7 +204,11 @@ class SlurmBackend(Backend):
     def submit(self, request: Request) -> JobRef:
         unit = request.unit
         folder = request.payload.get("log_dir") or log_folder(unit, self.options)
-        os.makedirs(folder, exist_ok=True)  # Slurm does not create it, and a job with nowhere to write is lost
+        try:
+            os.makedirs(folder, exist_ok=True)  # Slurm does not create it, and a job with nowhere to write is lost
+        except OSError as e:
+            raise BackendError(f"cannot create the Slurm log folder {folder}: {e}; set STOKER_SLURM_LOG_DIR to a "
+                               f"writable folder on the shared filesystem") from e
         job = self.client.sbatch(request.text, env=unit.env)
         ref = JobRef(backend=self.name, job_id=job, members=unit.size, kind=unit.kind, step=unit.step,
                      task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt, extra={"log_dir": folder})
@@ -226,18 +234,22 @@ class SlurmBackend(Backend):
                 self._force_at.pop(ref.job_id, None)
         return out
 
-    def cancel(self, ref: JobRef, grace: float = 3.0) -> None:
+    def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
         """A running job: TERM its members now (`scancel --signal=TERM`) and cancel it for good (`scancel`) once
         `grace` has passed (in wait() or close()). Otherwise, or with grace <= 0: `scancel` now, which itself
-        TERMs, then KILLs after the cluster's KillWait."""
-        self._cancelled.add(ref.job_id)
+        TERMs, then KILLs after the cluster's KillWait. `member` of an array: only that element (`JOB_i`)."""
+        target = ref.job_id
+        if member is not None and ref.kind == "array":
+            target = f"{ref.job_id}_{member}"
+        else:
+            self._cancelled.add(ref.job_id)
         tail = self._tails.get(ref.job_id)
         running = tail is not None and tail.status is not None and tail.status.state == RUNNING
-        if grace > 0 and running and self.client.scancel(ref.job_id, signal="TERM"):
-            self._force_at[ref.job_id] = time.monotonic() + grace
+        if grace > 0 and running and self.client.scancel(target, signal="TERM"):
+            self._force_at[target] = time.monotonic() + grace
             return
-        self._force_at.pop(ref.job_id, None)
-        self.client.scancel(ref.job_id)
+        self._force_at.pop(target, None)
+        self.client.scancel(target)
 
     def _force_due(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

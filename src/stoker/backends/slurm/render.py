@@ -113,7 +113,8 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
     job, member = ("%A", "%a") if array else ("%j", "%n")
     head = [f"--job-name=stoker.{_safe(unit.flow)}.{_safe(unit.step)}"]
     if array:
-        throttle = f"%{opts.array_throttle}" if opts.array_throttle else ""
+        limit = unit.throttle or opts.array_throttle
+        throttle = f"%{limit}" if limit else ""
         head += [f"--array=0-{n - 1}{throttle}", "--nodes=1", "--ntasks=1"]
     elif gang:
         head += [f"--nodes={n}", "--ntasks-per-node=1"]
