@@ -11,6 +11,7 @@ import time
 import pytest
 
 from stoker import Flow
+from stoker.runtime.executor import EXITED, QUEUED, JobRef, JobStatus
 from stoker.runtime.launch import start_run
 from tests.contract_backend import ProcessBackend
 from tests.helpers import EXAMPLES, FLOWS
@@ -77,3 +78,39 @@ def test_an_array_element_retried_while_its_siblings_run(tmp_path, monkeypatch):
     work = [r.unit for r in backend.submitted if r.unit.step == "work"]
     assert [(u.kind, u.size, u.attempt) for u in work] == [("array", 3, 0), ("task", 1, 1)]
     assert work[0].throttle == 16, "the engine runs at most --max-workers elements at once"
+
+
+class NeverStarts(ProcessBackend):
+    """An engine that queues a job it can never start (Slurm's BadConstraints, InvalidAccount ...)."""
+
+    name = "never"
+
+    def submit(self, request):
+        self.submitted.append(request)
+        self.cancelled = []
+        unit = request.unit
+        return JobRef(self.name, f"q{len(self.submitted)}", members=unit.size, kind=unit.kind, step=unit.step,
+                      task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt)
+
+    def poll(self, refs):
+        return {r.job_id: (JobStatus(EXITED, exit_code=-15) if r.job_id in self.cancelled else
+                           JobStatus(QUEUED, reason="BadConstraints: no node has the feature", blocked=True))
+                for r in refs}
+
+    def cancel(self, ref, grace=3.0, member=None):
+        self.cancelled.append(ref.job_id)
+
+    def logs(self, ref, member=0, stream="stdout"):
+        return b""
+
+
+def test_a_job_the_engine_can_never_start_fails_fast_without_retries(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend, here = NeverStarts(), ProcessBackend()
+    cls = _flow_class(FLOWS / "gang_flow.py", "GangFlow")  # work has @retry(times=1)
+    t0 = time.time()
+    result = start_run(cls, lambda step: backend if step == "work" else here, params={"nodes": "2"}, quiet=True)
+    assert result.status == "failed" and time.time() - t0 < 20
+    assert len(backend.submitted) == 1, "not retried: waiting or resubmitting cannot help"
+    assert backend.cancelled == ["q1"], "the queued job was cancelled, not left behind"
+    assert "can never start it" in result.failures[0] and "BadConstraints" in result.failures[0]

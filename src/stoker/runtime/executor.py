@@ -134,6 +134,7 @@ class JobStatus:
     hosts: list[str] = field(default_factory=list)
     reason: str | None = None
     members: dict[int, JobStatus] = field(default_factory=dict)
+    blocked: bool = False  # queued, and the engine will never start it as submitted (the reason says why)
 
     def member(self, i: int) -> JobStatus:
         return self.members.get(i, self)

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 KILL_GRACE_S = float(os.environ.get("STOKER_KILL_GRACE", "3"))
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
 LOST_AFTER_S = 120.0
+NEVER_STARTS = "the engine can never start it"  # no retry can help
 MAX_ARRAY = 1000  # elements per job array (Slurm's default MaxArraySize is 1001)
 FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often  # a job the engine has not heard of for this long is lost
 
@@ -445,7 +446,9 @@ class Scheduler:
                     t.deadline = t.started + tmo.total_seconds + 5 if tmo else None
                 if t.deadline and now > t.deadline and not t.stopping:
                     self._stop(t, "it exceeded its @timeout", hard=True)
-            elif s.reason and s.reason != t.queued_reason:
+            elif s.blocked and not t.stopping:
+                self._stop(t, f"{NEVER_STARTS} ({s.reason})", hard=True)
+            elif s.reason and s.reason != t.queued_reason and not t.stopping:
                 t.queued_reason = s.reason
                 if i == 0 or ref.kind != "array":
                     self.display.info(f"[{self._prefix(t)}] waiting in the {b.name} queue: {s.reason}", style="dim")
@@ -527,8 +530,8 @@ class Scheduler:
                                                     "traceback": ""})
             write_manifest(self.store, m)
         self.db.ingest_manifest(m)
-        t.manifest, t.state = m, ("killed" if t.stop_reason and not t.stop_reason.startswith("it exceeded")
-                                  else "failed")
+        own = t.stop_reason and t.stop_reason.startswith(("it exceeded", NEVER_STARTS))  # its own fault
+        t.manifest, t.state = m, ("killed" if t.stop_reason and not own else "failed")
         if t.gang:
             self._gang_failed(t)
         else:
@@ -577,7 +580,8 @@ class Scheduler:
         first = first or unit[0]
         if self.interrupted or first.stop_reason in ("another task failed", "the run was interrupted"):
             return
-        if first.attempt + 1 < first.max_attempts and not self.failed:
+        never = (first.stop_reason or "").startswith(NEVER_STARTS)
+        if first.attempt + 1 < first.max_attempts and not self.failed and not never:
             retry = get_decorator(getattr(self.flow_cls, first.step), "retry")
             delay = 60 * float(retry.attributes["minutes_between_retries"]) if retry else 0
             self.display.info(f"[{self._prefix(first)}] failed ({self._why(first)}); "

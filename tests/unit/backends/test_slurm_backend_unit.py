@@ -124,3 +124,33 @@ def test_wait_feeds_whole_lines_of_started_members(backend, tmp_path):
     assert (st.state, st.exit_code, st.hosts) == ("exited", 0, ["n1"])
     backend.wait(0, lambda r, m, s, d: got.append(d))
     assert got == [b"line 1\n", b"part"] and not backend._tails
+
+
+def test_a_pending_reason_that_never_clears_is_reported_as_blocked():
+    from stoker.backends.slurm.client import SlurmRecord
+    from stoker.backends.slurm.states import record_status
+
+    waiting = record_status(SlurmRecord(job="7", state="PENDING", reason="Resources"))
+    assert waiting.state == "queued" and not waiting.blocked
+    stuck = record_status(SlurmRecord(job="7", state="PENDING", reason="BadConstraints"))
+    assert stuck.blocked and "never start" in stuck.reason and "constraint" in stuck.reason
+
+
+def test_sbatch_retries_a_busy_controller_then_reports_with_the_fix(monkeypatch):
+    import stoker.backends.slurm.client as client
+
+    monkeypatch.setattr(client, "TRANSIENT_WAITS", (0.0, 0.0, 0.0))
+    busy = "sbatch: error: Batch job submission failed: Resource temporarily unavailable"
+    calls = []
+
+    def flaky(args, **kw):
+        calls.append(args)
+        ok = len(calls) == 2
+        return subprocess.CompletedProcess(args, 0 if ok else 1, "42\n" if ok else "", "" if ok else busy)
+
+    assert SlurmClient(runner=flaky, env={}).sbatch("#!/bin/bash\n") == "42" and len(calls) == 2
+    calls.clear()
+    never = Runner({"sbatch": (1, "", busy)})
+    with pytest.raises(Exception, match="temporarily unavailable"):
+        SlurmClient(runner=never, env={}).sbatch("#!/bin/bash\n")
+    assert len([c for c in never.calls if c[0] == "sbatch"]) == 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +25,10 @@ Runner = Callable[..., subprocess.CompletedProcess]
 SACCT_FIELDS = "JobID,State,ExitCode,Start,NodeList,Reason"
 COMPLETION_FIELDS = "JobID,State,ExitCode,NodeList,Start"
 _KEY = re.compile(r"(?:^| )([A-Za-z][\w:/]*)=")
+
+TRANSIENT = ("Resource temporarily unavailable", "Unable to contact slurm controller", "Connection refused",
+             "Socket timed out on send/recv")
+TRANSIENT_WAITS = (1.0, 3.0, 0.0)  # three tries in all
 
 _FIXES = (
     (("DNS SRV lookup failed", "Could not establish a configuration source", "Unable to contact slurm controller",
@@ -204,7 +209,13 @@ class SlurmClient:
     # -- submit ---------------------------------------------------------------------------------------
     def sbatch(self, script: str, env: Mapping[str, str] | None = None, args: Iterable[str] = ()) -> str:
         """Submit a script (on stdin); returns the job id. `env` is added to the job's environment by name."""
-        p = self.run(["sbatch", "--parsable", *args], input=script, env=env)
+        for wait in TRANSIENT_WAITS:  # a busy or restarting controller: nothing was submitted, try again
+            p = self.run(["sbatch", "--parsable", *args], input=script, env=env, check=False)
+            if p.returncode == 0 or not any(t in p.stderr for t in TRANSIENT):
+                break
+            time.sleep(wait)
+        if p.returncode != 0:
+            raise BackendError(self.explain(["sbatch", "--parsable", *args], p.stderr or p.stdout or "", env))
         job = p.stdout.strip().splitlines()[-1].split(";")[0] if p.stdout.strip() else ""
         if not job.isdigit():
             raise BackendError(f"sbatch printed no job id: {p.stdout!r} {p.stderr!r}")

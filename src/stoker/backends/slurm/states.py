@@ -28,6 +28,21 @@ REASONS = {
 # The code of a job that ended abnormally although Slurm says 0:0 (the completion log does for NODE_FAIL).
 _ABNORMAL_CODE = {"OUT_OF_MEMORY": -9, "FAILED": 1, "BOOT_FAIL": 1, "SPECIAL_EXIT": 1}
 _QUIET_REASONS = {"", "None", "NonZeroExitCode", "(null)", "Priority", "Resources"}
+# pending reasons that never clear by waiting: the job as submitted asks for what the cluster does not allow
+BLOCKED_REASONS = {
+    "BadConstraints": "no node has the requested features/constraint",
+    "PartitionNodeLimit": "more nodes than the partition allows a job",
+    "PartitionTimeLimit": "a longer time limit than the partition allows",
+    "InvalidAccount": "the account does not exist or you may not use it (@slurm(account=...))",
+    "InvalidQOS": "the QOS does not exist or you may not use it (@slurm(qos=...))",
+    "DependencyNeverSatisfied": "a dependency that can never be satisfied",
+    "QOSMaxWallDurationPerJobLimit": "a longer time limit than the QOS allows",
+    "AssocMaxWallDurationPerJobLimit": "a longer time limit than your association allows",
+    "QOSMaxNodePerJobLimit": "more nodes than the QOS allows a job",
+    "AssocMaxNodesPerJobLimit": "more nodes than your association allows a job",
+    "QOSMaxCpuPerJobLimit": "more CPUs than the QOS allows a job",
+    "AssocMaxCpuPerJobLimit": "more CPUs than your association allows a job",
+}
 
 
 def state_kind(state: str) -> str:
@@ -72,6 +87,9 @@ def record_status(rec: SlurmRecord, cancelled: bool = False) -> JobStatus:
     st = JobStatus(state=kind)
     if kind == QUEUED:
         st.reason = f"Slurm: {rec.reason}" if rec.reason not in _QUIET_REASONS else None
+        if rec.reason in BLOCKED_REASONS:
+            st.blocked = True
+            st.reason = f"Slurm will never start it ({rec.reason}: {BLOCKED_REASONS[rec.reason]}); change the request"
         return st
     st.started_at = epoch(rec.start)
     st.hosts = hosts(rec.nodes)
