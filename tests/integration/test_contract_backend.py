@@ -114,3 +114,44 @@ def test_a_job_the_engine_can_never_start_fails_fast_without_retries(tmp_path, m
     assert len(backend.submitted) == 1, "not retried: waiting or resubmitting cannot help"
     assert backend.cancelled == ["q1"], "the queued job was cancelled, not left behind"
     assert "can never start it" in result.failures[0] and "BadConstraints" in result.failures[0]
+
+
+class SlowQueue(ProcessBackend):
+    """An engine whose queue holds every job for QUEUE_S before it starts it."""
+
+    name = "slowqueue"
+    QUEUE_S = 9.0
+
+    def submit(self, request):
+        self.submitted.append(request)
+        unit = request.unit
+        ref = JobRef(self.name, f"s{len(self.submitted)}", members=unit.size, kind=unit.kind, step=unit.step,
+                     task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt,
+                     extra={"store": unit.store_url, "flow": unit.flow, "run_id": unit.run_id})
+        self.pending = getattr(self, "pending", {})
+        self.pending[ref.job_id] = (time.time() + self.QUEUE_S, request)
+        return ref
+
+    def poll(self, refs):
+        out = {}
+        for r in refs:
+            due, request = self.pending.get(r.job_id, (0, None))
+            if request is not None and time.time() < due:
+                out[r.job_id] = JobStatus(QUEUED)
+                continue
+            if request is not None:  # the engine starts it now
+                del self.pending[r.job_id]
+                started = super().submit(request)
+                self.procs[r.job_id] = self.procs.pop(started.job_id)
+                r.submitted_at = time.time()
+            out.update(super().poll([r]))
+        return out
+
+
+def test_timeout_counts_from_the_start_not_the_submission(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend, here = SlowQueue(), ProcessBackend()
+    cls = _flow_class(FLOWS / "timeout_flow.py", "TimeoutFlow")
+    result = start_run(cls, lambda step: backend if step == "nap" else here, quiet=True)
+    assert result.status == "succeeded", result.failures  # 9 s queued + 1 s run, under @timeout(seconds=2)
+    assert Flow("TimeoutFlow")[result.run_id]["nap"].task.data.slept

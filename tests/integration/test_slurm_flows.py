@@ -154,3 +154,18 @@ def test_dry_run_prints_the_sbatch_scripts_and_submits_nothing(tmp_path, slurm_c
     p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "slurm=allreduce", "--dry-run", cwd=tmp_path)
     assert "#SBATCH --nodes=2" in p.stdout and "srun" in p.stdout and "stoker.runtime.node" in p.stdout
     assert not squeue()
+
+
+def test_resume_on_slurm_clones_what_succeeded(shared):
+    """A failed array element; `resume` reruns only it on Slurm (RESUME_OK reaches the job by name)."""
+    p = run_flow("resume_flow.py", "run", "--backend", "slurm", cwd=shared, check=False)
+    assert p.returncode == 1 and "work item 1 breaks" in p.stdout + p.stderr
+    first = Flow("ResumeFlow").latest_run
+    run_flow("resume_flow.py", "resume", first.id, "--backend", "slurm", cwd=shared, env={"RESUME_OK": "1"})
+    second = Flow("ResumeFlow").latest_run
+    assert second.successful and second.origin_run_id == first.id
+    d = second["end"].task.data
+    assert d.outs == [0, 10, 20] and d.work_runs == [first.id, second.id, first.id]
+    reran = [r for r in jobs_of(second) if r["step"] == "work"]
+    assert len(reran) == 1 and reran[0]["members"] == 1, "only the failed element was submitted again"
+    assert not squeue()
