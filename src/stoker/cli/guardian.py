@@ -19,13 +19,13 @@ import time
 from typing import IO
 
 from ..runtime.executor import EXITED, JobRef
-from ..runtime.scheduler import kill_request_name
+from ..runtime.jobs import jobs_prefix, kill_request_name
 from ..store.blob import BlobStore, open_store
-from ..store.manifest import read_run_record, run_prefix, write_run_record
+from ..store.manifest import read_run_record, write_run_record
 
 
 def job_refs(store: BlobStore, flow: str, run_id: str) -> list[JobRef]:
-    prefix = run_prefix(flow, run_id) + "jobs/"
+    prefix = jobs_prefix(flow, run_id)
     return [JobRef.from_json(store.read(n)) for n in store.list(prefix) if n.endswith(".json")]
 
 

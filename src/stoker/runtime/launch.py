@@ -22,9 +22,10 @@ from ..store.manifest import list_manifests, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, default_store_url, home_dir
 from .executor import Backend, JobRef, Unit
+from .jobs import build_unit
 from .output import Display
 from .package import stage_package
-from .scheduler import Router, RunResult, Scheduler, build_unit, frames_key
+from .scheduler import Router, RunResult, Scheduler, frames_key
 from .spec import TaskSpec
 
 

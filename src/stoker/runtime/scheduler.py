@@ -20,9 +20,10 @@ from ..errors import StokerError
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import clone_manifest, log_name, read_manifest, run_prefix, write_manifest
+from ..store.manifest import clone_manifest, log_name, read_manifest, write_manifest
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
+from .jobs import build_unit, job_record_name, kill_request_name
 from .output import Display, TaskOutput
 from .package import stage_package
 from .resources import ResourcePool, step_resources
@@ -31,37 +32,10 @@ from .spec import TaskSpec
 log = logging.getLogger(__name__)
 KILL_GRACE_S = float(os.environ.get("STOKER_KILL_GRACE", "3"))
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
-LOST_AFTER_S = 120.0
+LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
 NEVER_STARTS = "the engine can never start it"  # no retry can help
 MAX_ARRAY = 1000  # elements per job array (Slurm's default MaxArraySize is 1001)
-FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often  # a job the engine has not heard of for this long is lost
-
-
-def job_record_name(flow: str, run_id: str, ref: JobRef) -> str:
-    """Where a submission's JobRef is kept (`stoker kill` and a crashed run's guardian read them)."""
-    return f"{run_prefix(flow, run_id)}jobs/{ref.backend}-{ref.job_id}.json"
-
-
-def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec], store_url: str,
-               throttle: int | None = None) -> Unit:
-    """A unit of `specs` (one step) with the step's settings: its backend decorator, @resources, @timeout."""
-    first = specs[0]
-    func = getattr(flow_cls, first.step)
-    opts, res, tmo = (get_decorator(func, n) for n in (backend.name, "resources", "timeout"))
-    return Unit(kind=kind, flow=first.flow, run_id=first.run_id, step=first.step, specs=specs,
-                options=dict(opts.attributes) if opts else {},
-                resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
-                timeout_s=tmo.total_seconds if tmo else None, store_url=store_url,
-                env={"STOKER_RUN_ID": first.run_id}, throttle=throttle)
-
-
-def kill_request_name(flow: str, run_id: str) -> str:
-    """Written by `stoker kill`: the run stops its jobs and retries none (wherever `run` and `kill` run)."""
-    return f"{run_prefix(flow, run_id)}kill-requested"
-
-
-def b_name(t: Task) -> str:
-    return t.backend.name if t.backend else "backend"
+FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often
 
 
 def frames_key(frames: list[dict]) -> tuple:
@@ -522,7 +496,7 @@ class Scheduler:
             return
         if m and m.get("status") == "failed" and t.engine_reason and m.get("exception"):
             exc = m["exception"]  # e.g. the task saw its workers die, and Slurm knows why: out of memory
-            m = dict(m, exception=dict(exc, message=f"{exc.get('message', '')} ({b_name(t)}: {t.engine_reason})"))
+            m = dict(m, exception=dict(exc, message=f"{exc.get('message', '')} ({t.backend.name}: {t.engine_reason})"))
             write_manifest(self.store, m)
         m = m or self._failure_manifest(t, code)
         if m.get("status") == "ok":

@@ -1,0 +1,36 @@
+"""Units and job records: what the scheduler submits, and where a run keeps track of its submissions."""
+
+from __future__ import annotations
+
+from ..flow.decorators import get_decorator
+from ..store.manifest import run_prefix
+from .executor import Backend, JobRef, Unit
+from .spec import TaskSpec
+
+
+def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec], store_url: str,
+               throttle: int | None = None) -> Unit:
+    """A unit of `specs` (one step) with the step's settings: its backend decorator, @resources, @timeout."""
+    first = specs[0]
+    func = getattr(flow_cls, first.step)
+    opts, res, tmo = (get_decorator(func, n) for n in (backend.name, "resources", "timeout"))
+    return Unit(kind=kind, flow=first.flow, run_id=first.run_id, step=first.step, specs=specs,
+                options=dict(opts.attributes) if opts else {},
+                resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
+                timeout_s=tmo.total_seconds if tmo else None, store_url=store_url,
+                env={"STOKER_RUN_ID": first.run_id}, throttle=throttle)
+
+
+def jobs_prefix(flow: str, run_id: str) -> str:
+    """The folder of a run's JobRefs (`stoker kill` and a crashed run's guardian read them)."""
+    return f"{run_prefix(flow, run_id)}jobs/"
+
+
+def job_record_name(flow: str, run_id: str, ref: JobRef) -> str:
+    """Where a submission's JobRef is kept."""
+    return f"{jobs_prefix(flow, run_id)}{ref.backend}-{ref.job_id}.json"
+
+
+def kill_request_name(flow: str, run_id: str) -> str:
+    """Written by `stoker kill`: the run stops its jobs and retries none (wherever `run` and `kill` run)."""
+    return f"{run_prefix(flow, run_id)}kill-requested"
