@@ -33,3 +33,46 @@ def slurm_cluster(tmp_path_factory):
                 os.environ.pop("SLURM_CONF", None)
             else:
                 os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """A real AWS API server (moto: S3, Batch, EC2, IAM, CloudWatch Logs, ECR, SSM ...) on loopback, for the
+    whole session."""
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+class AwsStandIn:
+    """The loopback AWS of one test: `client(service)` makes boto3 clients for it; every boto3 client stoker
+    makes reaches it too (AWS_ENDPOINT_URL, STOKER_S3_ENDPOINT_URL)."""
+
+    region = "us-east-1"
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def client(self, service: str):
+        import boto3
+
+        return boto3.client(service, region_name=self.region, endpoint_url=self.endpoint)
+
+
+@pytest.fixture()
+def aws(moto_endpoint, monkeypatch):
+    """moto's server emptied, and this process's AWS settings pointed at it (fake credentials)."""
+    import urllib.request
+
+    pytest.importorskip("boto3")
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
+    for var, value in {"AWS_ENDPOINT_URL": moto_endpoint, "STOKER_S3_ENDPOINT_URL": moto_endpoint,
+                       "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                       "AWS_DEFAULT_REGION": AwsStandIn.region, "AWS_REGION": AwsStandIn.region}.items():
+        monkeypatch.setenv(var, value)
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "STOKER_AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    return AwsStandIn(moto_endpoint)

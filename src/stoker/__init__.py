@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .backends.aws.decorator import batch  # noqa: E402  (registers @batch for --with batch:...)
 from .backends.slurm.decorator import slurm  # noqa: E402  (registers @slurm for --with slurm:...)
 from .flow import spec as _spec
 from .flow.current import current
@@ -40,4 +41,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
-           "timeout", "resources", "environment", "parallel", "torchrun", "slurm", "MergeArtifactsError", *sorted(_CLIENT)]
+           "timeout", "resources", "environment", "parallel", "torchrun", "slurm", "batch", "MergeArtifactsError", *sorted(_CLIENT)]

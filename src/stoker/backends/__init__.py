@@ -18,6 +18,7 @@ from ..runtime.executor import Backend
 BACKENDS: dict[str, str] = {
     "local": "stoker.backends.local:LocalBackend",
     "slurm": "stoker.backends.slurm:SlurmBackend",
+    "batch": "stoker.backends.aws:BatchBackend",
 }
 
 

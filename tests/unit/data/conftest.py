@@ -47,17 +47,6 @@ def gz_jsonl(tmp_path: Path, docs) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def moto_endpoint():
-    """A real S3 API server (moto) on loopback for the whole session."""
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture()
 def s3(moto_endpoint, monkeypatch):
     """The loopback S3 server, emptied, with one bucket ``data``; stoker finds it through
