@@ -69,6 +69,9 @@ def aws(moto_endpoint, monkeypatch):
 
     pytest.importorskip("boto3")
     urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
+    # moto's Batch without docker: jobs are accepted and described, never run (tests/batch_emulator.py runs them)
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/config", method="POST",
+                                                  data=b'{"batch": {"use_docker": false}}'))
     for var, value in {"AWS_ENDPOINT_URL": moto_endpoint, "STOKER_S3_ENDPOINT_URL": moto_endpoint,
                        "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                        "AWS_DEFAULT_REGION": AwsStandIn.region, "AWS_REGION": AwsStandIn.region}.items():

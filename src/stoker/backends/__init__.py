@@ -7,6 +7,7 @@ run's default backend (`run --backend slurm`, else local). Backends are created 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,19 @@ BACKENDS: dict[str, str] = {
 }
 
 
+def _plugins() -> None:
+    """`$STOKER_BACKENDS=name=module:Class[,name=module:Class]` adds or replaces backends (plugins, and the
+    tests' emulated engines)."""
+    for item in filter(None, (p.strip() for p in os.environ.get("STOKER_BACKENDS", "").split(","))):
+        name, eq, target = item.partition("=")
+        if not eq or ":" not in target:
+            raise ConfigError(f"STOKER_BACKENDS={os.environ['STOKER_BACKENDS']!r}: each entry is name=module:Class, "
+                              f"e.g. mybackend=mypkg.backend:MyBackend")
+        BACKENDS[name.strip()] = target.strip()
+
+
 def make_backend(name: str, **kwargs: Any) -> Backend:
+    _plugins()
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}: use one of {', '.join(sorted(BACKENDS))}")
     module, _, cls = BACKENDS[name].partition(":")
@@ -37,6 +50,7 @@ class StepRouter:
 
     def __init__(self, flow_cls: type, default: str = "local", flow_file: str = "",
                  factory: Callable[[str], Backend] | None = None) -> None:
+        _plugins()
         name, _, steps = default.partition("=")
         if name not in BACKENDS:
             raise ConfigError(f"--backend {default}: unknown backend {name!r}; use one of {', '.join(sorted(BACKENDS))}"

@@ -26,7 +26,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id-file", help="write the run id to this file")
     p.add_argument("--quiet", action="store_true", help="print only the run's start and end")
     p.add_argument("--backend", default="local", help="where steps without a backend decorator run: local "
-                   "(default), slurm, or slurm=STEP,STEP for only those steps")
+                   "(default), slurm, batch, or NAME=STEP,STEP for only those steps")
     p.add_argument("--dry-run", action="store_true", help="print what each step would submit (sbatch scripts "
                    "...) and exit")
 

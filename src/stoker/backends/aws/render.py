@@ -1,0 +1,195 @@
+"""Batch requests for units: pure functions of (unit, options), so `--dry-run` and golden files show exactly
+what is registered and submitted.
+
+A "task" is a single-node job (`type: container`); a "gang" of N is one multi-node job (`type: multinode`,
+`mainNode 0`, one node range `0:` for every node, `nodeOverrides.numNodes = N`). The job definition depends
+only on the step (image, resources, devices, roles), so it is registered once and reused by every run: its name
+carries a hash of its content. What differs per submission travels in the SubmitJob request: the blob keys as
+Batch *parameters* (`Ref::code` in the command) and non-secret environment values. Secrets never appear in
+either: the containers get AWS credentials from the job role.
+
+Devices: `trainium`/`inferentia` N maps /dev/neuron0..N-1, `efa` N maps /dev/infiniband/uverbs0..N-1; both
+set memlock unlimited (the Neuron runtime and libfabric pin memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...runtime.executor import Unit
+from .decorator import node_resources
+
+TIMEOUT_MARGIN_S = 300  # the scheduler enforces @timeout; Batch's attempt timeout is the backstop behind it
+ENV_PASSED = ("STOKER_S3_ENDPOINT_URL", "STOKER_LOG_UPLOAD_INTERVAL")  # non-secret settings the nodes need too
+
+
+def _infra_outputs() -> dict[str, Any]:
+    try:
+        from .infra.state import load_outputs
+    except ImportError:
+        return {}
+    try:
+        return load_outputs() or {}
+    except Exception:  # noqa: BLE001 - a broken state file must not break a dry run; `stoker infra status` says why
+        return {}
+
+
+@dataclass(kw_only=True)
+class BatchOptions:
+    """How the Batch backend submits (per backend instance; per-step settings come from @batch).
+
+    Every default comes from the environment, else from `stoker infra apply`'s outputs:
+    queue ($STOKER_BATCH_QUEUE), image ($STOKER_BATCH_IMAGE), job_role ($STOKER_BATCH_JOB_ROLE, the role the
+    containers run as), execution_role ($STOKER_BATCH_EXECUTION_ROLE), region ($STOKER_AWS_REGION / $AWS_REGION),
+    instance_types (what the compute environment launches: requests are checked against them),
+    log_group (where Batch's awslogs driver writes, `/aws/batch/job`), python (the image's interpreter),
+    poll_interval ($STOKER_BATCH_POLL_INTERVAL, default 5 s: one DescribeJobs call per interval for all jobs).
+    """
+
+    queue: str | None = None
+    image: str | None = None
+    job_role: str | None = None
+    execution_role: str | None = None
+    region: str | None = None
+    instance_types: list[str] = field(default_factory=list)
+    log_group: str = "/aws/batch/job"
+    python: str = field(default_factory=lambda: os.environ.get("STOKER_BATCH_PYTHON", "python"))
+    poll_interval: float = field(default_factory=lambda: float(os.environ.get("STOKER_BATCH_POLL_INTERVAL", "5")))
+    use_infra: bool = True  # fill what is not given from `stoker infra`'s state
+
+    def __post_init__(self) -> None:
+        env = os.environ
+        out = _infra_outputs() if self.use_infra else {}
+        self.queue = self.queue or env.get("STOKER_BATCH_QUEUE") or out.get("queue")
+        self.image = self.image or env.get("STOKER_BATCH_IMAGE") or out.get("image")
+        self.job_role = self.job_role or env.get("STOKER_BATCH_JOB_ROLE") or out.get("job_role_arn")
+        self.execution_role = (self.execution_role or env.get("STOKER_BATCH_EXECUTION_ROLE")
+                               or out.get("execution_role_arn"))
+        self.region = self.region or env.get("STOKER_AWS_REGION") or out.get("region")
+        self.instance_types = list(self.instance_types or out.get("instance_types") or [])
+        if self.poll_interval <= 0:
+            from ...errors import ConfigError
+
+            raise ConfigError(f"BatchOptions(poll_interval={self.poll_interval}): must be more than 0 seconds "
+                              f"(STOKER_BATCH_POLL_INTERVAL)")
+
+
+def _name(text: str, limit: int = 128) -> str:
+    """Batch names: letters, digits, '-' and '_' (up to 128)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text)[:limit]
+
+
+def step_settings(unit: Unit, opts: BatchOptions) -> dict[str, Any]:
+    """@batch merged with @resources and the backend's defaults: what the job definition is made of."""
+    o = unit.options
+    res = node_resources(o, unit.resources)
+    return {
+        **res,
+        "image": o.get("image") or opts.image,
+        "queue": o.get("queue") or opts.queue,
+        "job_role": o.get("iam_role") or opts.job_role,
+        "execution_role": o.get("execution_role") or opts.execution_role,
+        "instance_type": o.get("instance_type"),
+    }
+
+
+def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, Any]:
+    o = unit.options
+    reqs = [{"type": "VCPU", "value": str(s["cpu"])}, {"type": "MEMORY", "value": str(s["memory"])}]
+    if s["gpu"]:
+        reqs.append({"type": "GPU", "value": str(s["gpu"])})
+    c: dict[str, Any] = {
+        "image": s["image"] or "<image: set @batch(image=...), STOKER_BATCH_IMAGE or run `stoker infra apply`>",
+        "command": [opts.python, "-m", "stoker.runtime.node", "--store", "Ref::store", "--code", "Ref::code",
+                    "--spec", "Ref::spec"],
+        "resourceRequirements": reqs,
+    }
+    if s["job_role"]:
+        c["jobRoleArn"] = s["job_role"]
+    if s["execution_role"]:
+        c["executionRoleArn"] = s["execution_role"]
+    linux: dict[str, Any] = {}
+    neuron = s["trainium"] or s["inferentia"]
+    devices = [f"/dev/neuron{i}" for i in range(neuron)] + [f"/dev/infiniband/uverbs{i}" for i in range(s["efa"])]
+    if devices:
+        linux["devices"] = [{"hostPath": d, "containerPath": d, "permissions": ["READ", "WRITE", "MKNOD"]}
+                            for d in devices]
+    if s["shared_memory"]:
+        linux["sharedMemorySize"] = s["shared_memory"]
+    if o.get("use_tmpfs"):
+        size = o.get("tmpfs_size") or max(1, s["memory"] // 2)
+        linux["tmpfs"] = [{"containerPath": o.get("tmpfs_path") or "/stoker_temp", "size": size,
+                           "mountOptions": ["rw", "noexec"]}]
+    if o.get("max_swap") is not None:
+        linux["maxSwap"] = o["max_swap"]
+        linux["swappiness"] = 60 if o.get("swappiness") is None else o["swappiness"]
+    if linux:
+        c["linuxParameters"] = linux
+    if neuron or s["efa"] or unit.kind == "gang":
+        c["ulimits"] = [{"name": "memlock", "softLimit": -1, "hardLimit": -1}]
+    vols = o.get("host_volumes") or []
+    if vols:
+        names = [_name(f"host{v}", 255) for v in vols]
+        c["volumes"] = [{"name": n, "host": {"sourcePath": v}} for n, v in zip(names, vols, strict=True)]
+        c["mountPoints"] = [{"sourceVolume": n, "containerPath": v, "readOnly": False} for n, v in zip(names, vols, strict=True)]
+    if o.get("privileged"):
+        c["privileged"] = True
+    if o.get("log_driver"):
+        c["logConfiguration"] = {"logDriver": o["log_driver"], "options": dict(o.get("log_options") or {})}
+    return c
+
+
+def job_definition(unit: Unit, opts: BatchOptions) -> dict[str, Any]:
+    """RegisterJobDefinition parameters for the unit's step; the name ends with a hash of the content."""
+    s = step_settings(unit, opts)
+    container = _container(unit, opts, s)
+    body: dict[str, Any] = {"retryStrategy": {"attempts": 1},  # stoker retries (and resumes) itself
+                            "propagateTags": True, "platformCapabilities": ["EC2"]}
+    if unit.kind == "gang":
+        body.update(type="multinode", nodeProperties={
+            "numNodes": unit.size, "mainNode": 0,
+            "nodeRangeProperties": [{"targetNodes": "0:", "container": container}]})
+    else:
+        body.update(type="container", containerProperties=container)
+    tags = {"stoker:managed": "true", "stoker:flow": unit.flow, "stoker:step": unit.step}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+    name = _name(f"stoker-{unit.flow}-{unit.step}")[:110] + f"-{digest}"
+    return {"jobDefinitionName": name, **body, "tags": tags}
+
+
+def submit_request(unit: Unit, opts: BatchOptions, definition: str) -> dict[str, Any]:
+    """SubmitJob parameters for one unit (the blob keys as parameters, the environment as overrides)."""
+    s = step_settings(unit, opts)
+    first = unit.specs[0]
+    env = {**{k: os.environ[k] for k in ENV_PASSED if os.environ.get(k)}, **unit.env}
+    overrides = {"environment": [{"name": k, "value": str(v)} for k, v in sorted(env.items())]}
+    req: dict[str, Any] = {
+        "jobName": _name(f"{unit.flow}-{unit.run_id}-{unit.step}-{first.task_id}-a{unit.attempt}"),
+        "jobQueue": s["queue"] or "<queue: set @batch(queue=...), STOKER_BATCH_QUEUE or run `stoker infra apply`>",
+        "jobDefinition": definition,
+        "parameters": {"store": unit.store_url, "code": unit.code_key or "-", "spec": unit.spec_key or "-"},
+        "tags": {**(unit.options.get("aws_batch_tags") or {}), "stoker:flow": unit.flow, "stoker:run": unit.run_id,
+                 "stoker:step": unit.step, "stoker:task": first.task_id, "stoker:attempt": str(unit.attempt)},
+        "propagateTags": True,
+    }
+    if unit.kind == "gang":
+        req["nodeOverrides"] = {"numNodes": unit.size, "nodePropertyOverrides": [
+            {"targetNodes": "0:", "containerOverrides": overrides}]}
+    else:
+        req["containerOverrides"] = overrides
+    if unit.timeout_s:
+        req["timeout"] = {"attemptDurationSeconds": int(unit.timeout_s) + TIMEOUT_MARGIN_S}
+    return req
+
+
+def render_requests(unit: Unit, opts: BatchOptions) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(job definition, submit request, the text --dry-run prints)."""
+    jd = job_definition(unit, opts)
+    sub = submit_request(unit, opts, jd["jobDefinitionName"])
+    text = json.dumps({"RegisterJobDefinition": jd, "SubmitJob": sub}, indent=2, sort_keys=True) + "\n"
+    return jd, sub, text

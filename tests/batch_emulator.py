@@ -1,0 +1,264 @@
+"""AWS Batch, emulated on this machine: the API is moto's (real requests, checked by botocore's model and by
+moto), the containers are local processes.
+
+moto's Batch runs no containers (its jobs go straight to SUCCEEDED) and ignores node overrides, and there is no
+other Batch to run here. `EmulatedBatch` therefore stands in for the part of Batch that runs containers, and only
+that part: every call also goes to moto's server, and on SubmitJob it starts one process per node with the
+command of the job definition (Batch's `Ref::` parameters substituted) and exactly the environment Batch gives
+that node (AWS_BATCH_JOB_ID `<id>#<node>`, AWS_BATCH_JOB_NODE_INDEX, AWS_BATCH_JOB_NUM_NODES,
+AWS_BATCH_JOB_MAIN_NODE_INDEX, and AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS on every node but the main one),
+the job definition's and the overrides' environment, its own empty HOME and working folder (a container shares no
+disk with the submitter), plus this host's AWS settings as the job role's stand-in. Each node's output goes to
+moto's CloudWatch Logs, to the stream the awslogs driver would use (`<definition>/default/<task id>`), and
+DescribeJobs answers with each node's state as Batch would (the job ends when the main node exits).
+
+`EmulatedBatchBackend` is the Batch backend with this client; a `run` in another process picks it up with
+`STOKER_BACKENDS=batch=tests.batch_emulator:EmulatedBatchBackend`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+import boto3
+
+from stoker.backends.aws.backend import BatchBackend
+from stoker.backends.aws.client import BatchClient
+from stoker.backends.aws.render import BatchOptions
+
+HOST_ENV = ("PATH", "LANG", "AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION", "PYTHONPATH", "USER",
+            "STOKER_LOG_UPLOAD_INTERVAL", "OMP_NUM_THREADS")
+LOG_GROUP = "/aws/batch/job"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Node:
+    def __init__(self, index: int, proc: subprocess.Popen, stream: str) -> None:
+        self.index, self.proc, self.stream = index, proc, stream
+        self.started = _now_ms()
+        self.stopped: int | None = None
+        self.code: int | None = None
+        self.reason: str | None = None
+
+
+class EmulatedBatch:
+    """A boto3 Batch client whose jobs run as local processes (see the module docstring)."""
+
+    def __init__(self, batch: Any = None, logs: Any = None, workdir: str | None = None) -> None:
+        self.batch = batch or boto3.client("batch")
+        self.logs = logs or boto3.client("logs")
+        self.workdir = workdir or tempfile.mkdtemp(prefix="batch-emulator-")
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.submitted: list[dict[str, Any]] = []  # every SubmitJob request, as sent
+        try:
+            self.logs.create_log_group(logGroupName=LOG_GROUP)
+        except self.logs.exceptions.ResourceAlreadyExistsException:
+            pass
+
+    def register_job_definition(self, **definition: Any) -> Any:
+        """Registered with moto; kept here too, because moto's DescribeJobDefinitions leaves nodeProperties out
+        of multi-node definitions registered with platformCapabilities (a file, so another process finds it)."""
+        resp = self.batch.register_job_definition(**definition)
+        with open(self._definition_file(resp["jobDefinitionArn"]), "w") as f:
+            json.dump(definition, f)
+        return resp
+
+    def _definition_file(self, arn: str) -> str:
+        folder = os.path.join(os.environ.get("BATCH_EMULATOR_DIR", os.path.join(tempfile.gettempdir(),
+                                                                                "batch-emulator")), "definitions")
+        os.makedirs(folder, exist_ok=True)
+        return os.path.join(folder, hashlib.sha256(arn.encode()).hexdigest()[:24] + ".json")
+
+    def _definition(self, ref: str) -> dict[str, Any]:
+        jd = self.batch.describe_job_definitions(jobDefinitions=[ref])["jobDefinitions"][0]
+        with open(self._definition_file(jd["jobDefinitionArn"])) as f:
+            return {**json.load(f), "jobDefinitionArn": jd["jobDefinitionArn"]}
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other call (RegisterJobDefinition, DescribeJobQueues ...) goes to moto as it is."""
+        return getattr(self.batch, name)
+
+    # -- calls that also run or stop the containers --------------------------------------------------
+    def submit_job(self, **req: Any) -> Any:
+        self.submitted.append(req)
+        resp = self.batch.submit_job(**req)  # moto validates the request and gives the job its id
+        jd = self._definition(req["jobDefinition"])
+        job = resp["jobId"]
+        multinode = jd["type"] == "multinode"
+        n = (req.get("nodeOverrides") or {}).get("numNodes") or (jd["nodeProperties"]["numNodes"] if multinode else 1)
+        container = jd["nodeProperties"]["nodeRangeProperties"][0]["container"] if multinode else jd["containerProperties"]
+        overrides = (req["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"] if multinode
+                     else req.get("containerOverrides") or {})
+        params = {**jd.get("parameters", {}), **req.get("parameters", {})}
+        command = [params.get(a[5:], a) if a.startswith("Ref::") else a for a in container["command"]]
+        command = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(command)]
+        env_doc = {e["name"]: e["value"] for e in container.get("environment", []) + overrides.get("environment", [])}
+        state = {"id": job, "name": req["jobName"], "definition": jd, "multinode": multinode, "n": n,
+                 "created": _now_ms(), "nodes": {}, "terminated": None, "queue": req["jobQueue"]}
+        with self.lock:
+            self.jobs[job] = state
+        for i in range(n):
+            env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
+            home = os.path.join(self.workdir, job, f"node{i}")
+            os.makedirs(home, exist_ok=True)
+            env.update(env_doc)
+            env.update(HOME=home, STOKER_HOME=os.path.join(home, ".stoker"), AWS_BATCH_JOB_ATTEMPT="1",
+                       AWS_BATCH_JQ_NAME=req["jobQueue"], AWS_BATCH_CE_NAME="emulated",
+                       AWS_BATCH_JOB_ID=f"{job}#{i}" if multinode else job)
+            if multinode:
+                env.update(AWS_BATCH_JOB_NODE_INDEX=str(i), AWS_BATCH_JOB_NUM_NODES=str(n),
+                           AWS_BATCH_JOB_MAIN_NODE_INDEX="0")
+                if i != 0:
+                    env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.1"
+            stream = f"{jd['jobDefinitionName']}/default/{uuid.uuid4().hex}"
+            self.logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+            proc = subprocess.Popen(command, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            node = _Node(i, proc, stream)
+            state["nodes"][i] = node
+            threading.Thread(target=self._ship, args=(job, node), daemon=True).start()
+        return resp
+
+    def _ship(self, job: str, node: _Node) -> None:
+        """The awslogs driver: the node's output, line by line, into its CloudWatch stream."""
+        batch: list[dict[str, Any]] = []
+        last = time.monotonic()
+        assert node.proc.stdout is not None
+        for raw in iter(node.proc.stdout.readline, b""):
+            batch.append({"timestamp": _now_ms(), "message": raw.decode(errors="replace").rstrip("\n")})
+            if len(batch) >= 200 or time.monotonic() - last > 0.5:
+                self._put(node.stream, batch)
+                batch, last = [], time.monotonic()
+        self._put(node.stream, batch)
+        code = node.proc.wait()
+        with self.lock:
+            node.code, node.stopped = code, _now_ms()
+        if node.index == 0:
+            self._end_others(job, "the main node exited")
+
+    def _put(self, stream: str, events: list[dict[str, Any]]) -> None:
+        if events:
+            self.logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=events)
+
+    def _end_others(self, job: str, why: str) -> None:
+        for node in self.jobs[job]["nodes"].values():
+            if node.proc.poll() is None:
+                node.reason = why
+                _signal(node.proc, signal.SIGTERM)
+
+    def terminate_job(self, jobId: str, reason: str) -> Any:  # noqa: N803 - boto3's argument names
+        resp = self.batch.terminate_job(jobId=jobId, reason=reason)
+        state = self.jobs.get(jobId)
+        if state is not None:
+            state["terminated"] = reason
+            for node in state["nodes"].values():
+                if node.proc.poll() is None:
+                    node.reason = f"Terminated: {reason}"
+                    _signal(node.proc, signal.SIGTERM)
+            threading.Timer(5.0, self._kill_all, args=(jobId,)).start()  # ECS's stop timeout, shortened
+        return resp
+
+    def _kill_all(self, job: str) -> None:
+        for node in self.jobs[job]["nodes"].values():
+            if node.proc.poll() is None:
+                _signal(node.proc, signal.SIGKILL)
+
+    def describe_jobs(self, jobs: list[str]) -> dict[str, Any]:
+        assert len(jobs) <= 100, "DescribeJobs takes at most 100 ids"
+        out, others = [], []
+        for jid in jobs:
+            parent, _, node = jid.partition("#")
+            state = self.jobs.get(parent)
+            if state is None:
+                others.append(jid)
+            elif node:
+                if state["multinode"] and int(node) in state["nodes"]:
+                    out.append(self._node_desc(state, state["nodes"][int(node)]))
+            else:
+                out.append(self._job_desc(state))
+        if others:
+            out += self.batch.describe_jobs(jobs=others)["jobs"]
+        return {"jobs": out}
+
+    def _node_desc(self, state: dict[str, Any], node: _Node) -> dict[str, Any]:
+        with self.lock:
+            code, stopped, why = node.code, node.stopped, node.reason
+        status = "RUNNING" if code is None else ("SUCCEEDED" if code == 0 else "FAILED")
+        c: dict[str, Any] = {"logStreamName": node.stream, "networkInterfaces": [{"privateIpv4Address": "127.0.0.1"}]}
+        d: dict[str, Any] = {"jobId": f"{state['id']}#{node.index}" if state["multinode"] else state["id"],
+                             "jobName": state["name"], "status": status, "createdAt": state["created"],
+                             "startedAt": node.started, "container": c}
+        if code is not None:
+            c["exitCode"] = code if code >= 0 else 128 - code
+            d["stoppedAt"] = stopped
+            if code:
+                d["statusReason"] = why or "Essential container in task exited"
+        if state["multinode"]:
+            d["nodeDetails"] = {"nodeIndex": node.index, "isMainNode": node.index == 0}
+        return d
+
+    def _job_desc(self, state: dict[str, Any]) -> dict[str, Any]:
+        main = self._node_desc(state, state["nodes"][0])
+        d = {**main, "jobId": state["id"], "jobQueue": state["queue"],
+             "jobDefinition": state["definition"]["jobDefinitionArn"]}
+        if state["terminated"] and main["status"] == "FAILED":
+            d["statusReason"] = state["terminated"]
+        if state["multinode"]:
+            d.pop("nodeDetails", None)
+            d["container"] = {}
+            d["nodeProperties"] = {"numNodes": state["n"], "mainNode": 0}
+        return d
+
+    def pids(self) -> list[int]:
+        return [n.proc.pid for s in self.jobs.values() for n in s["nodes"].values()]
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class EmulatedBatchBackend(BatchBackend):
+    """The Batch backend, its jobs run by `EmulatedBatch`; queue and image are the test's (set in the env)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        options = BatchOptions(queue=os.environ.get("STOKER_BATCH_QUEUE", "stoker-test"),
+                               image=os.environ.get("STOKER_BATCH_IMAGE", "stoker:test"), use_infra=False,
+                               poll_interval=float(os.environ.get("STOKER_BATCH_POLL_INTERVAL", "0.5")))
+        region = os.environ.get("AWS_REGION", "us-east-1")
+        emulator = EmulatedBatch(boto3.client("batch", region_name=region), boto3.client("logs", region_name=region))
+        super().__init__(options=options, client=BatchClient(region, batch=emulator, logs=emulator.logs), **kwargs)
+
+
+def make_queue(name: str = "stoker-test", region: str = "us-east-1") -> str:
+    """A job queue (and its compute environment, network and roles) on moto's server; returns its name."""
+    ec2, iam, batch = (boto3.client(s, region_name=region) for s in ("ec2", "iam", "batch"))
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+    sg = ec2.create_security_group(GroupName=f"{name}-sg", Description="test", VpcId=vpc)["GroupId"]
+    role = iam.create_role(RoleName=f"{name}-service", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    profile = iam.create_instance_profile(InstanceProfileName=f"{name}-instance")["InstanceProfile"]["Arn"]
+    ce = batch.create_compute_environment(
+        computeEnvironmentName=f"{name}-ce", type="MANAGED", state="ENABLED", serviceRole=role,
+        computeResources={"type": "EC2", "minvCpus": 0, "maxvCpus": 256, "instanceTypes": ["trn1.32xlarge"],
+                          "subnets": [subnet], "securityGroupIds": [sg], "instanceRole": profile})
+    batch.create_job_queue(jobQueueName=name, state="ENABLED", priority=1,
+                           computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}])
+    return name
