@@ -156,7 +156,8 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     with_specs = list(args.global_with) + list(args.with_)
     router = StepRouter(flow_cls, default=args.backend, flow_file=sys.argv[0])
     if args.dry_run:
-        print(dry_run(flow_cls, router, with_specs), end="")
+        given = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
+        print(dry_run(flow_cls, router, with_specs, given), end="")
         return 0
     guard = start_guardian(flow_cls.__name__)
     if args.command == "run":

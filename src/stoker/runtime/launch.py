@@ -75,7 +75,8 @@ def _gang_size(n: Any, flow_cls: type, values: dict[str, Any] | None) -> Any:
     if isinstance(n, str) and n.startswith("self.") and n[5:].isidentifier():
         attr = n[5:]
         if values and attr in values:
-            return values[attr]
+            v = values[attr]  # from the command line: the text, not yet converted by the Parameter
+            return int(v) if isinstance(v, str) and v.strip().isdigit() else v
         p = flow_cls._run_inputs().get(attr)
         default = getattr(p, "default", None)
         return default if isinstance(default, int) else None
@@ -123,12 +124,14 @@ def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, U
                               f"instance type")
 
 
-def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None) -> str:
-    """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O."""
+def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
+            values: dict[str, Any] | None = None) -> str:
+    """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O. `values`: the
+    parameters given on the command line (a gang sized by a parameter is shown at that size)."""
     graph = prepare_flow(flow_cls, list(with_specs or []))
     store_url = default_store_url()
     parts = []
-    for backend, unit in plan_units(graph, flow_cls, router, store_url):
+    for backend, unit in plan_units(graph, flow_cls, router, store_url, values):
         parts.append(f"# ---- step {unit.step}: {backend.name} ({unit.kind}, {unit.size} member(s)) ----\n"
                      + backend.materialize(unit).text)
     return "\n".join(parts)

@@ -1,0 +1,162 @@
+"""Flows on AWS Batch, emulated (tests/batch_emulator.py): the requests go to moto's Batch, S3 and CloudWatch
+Logs on loopback; each node of a job is a local process with exactly the environment Batch gives it, which
+pulls the code package and spec from the S3 store and writes its output to CloudWatch Logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import EXAMPLES, ROOT, run_flow
+
+pytestmark = [pytest.mark.aws, pytest.mark.slow, pytest.mark.torch]
+
+
+@pytest.fixture
+def batch_env(aws, tmp_path):
+    """The environment of a `run` whose @batch steps go to the emulated Batch, with an S3 store."""
+    from tests.batch_emulator import make_queue
+
+    aws.client("s3").create_bucket(Bucket="stoker-bucket")
+    make_queue("stoker-test")
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                      "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION")}
+    env["CWD"] = str(tmp_path)
+    env.update(STOKER_STORE="s3://stoker-bucket/stoker", STOKER_HOME=str(tmp_path / "home"),
+               STOKER_BACKENDS="batch=tests.batch_emulator:EmulatedBatchBackend", STOKER_BATCH_QUEUE="stoker-test",
+               STOKER_BATCH_POLL_INTERVAL="0.5", STOKER_LOG_UPLOAD_INTERVAL="1",
+               BATCH_EMULATOR_DIR=str(tmp_path / "emulator"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return env
+
+
+def _store(env):
+    os.environ["STOKER_HOME"] = env["STOKER_HOME"]
+    from stoker.store.blob import open_store
+
+    return open_store(env["STOKER_STORE"])
+
+
+def _jobs(env, flow: str, run_id: str) -> list[dict]:
+    store = _store(env)
+    names = [n for n in store.list(f"runs/{flow}/{run_id}/jobs/") if n.endswith(".json")]
+    return sorted((json.loads(store.read(n)) for n in names), key=lambda r: (r["step"], r["attempt"]))
+
+
+def _run_id(out: str) -> str:
+    line = next(ln for ln in out.splitlines() if "stoker: run " in ln and " started" in ln)
+    return line.split("stoker: run ")[1].split()[0].split("/")[1]
+
+
+def _streams(aws) -> dict[str, str]:
+    logs = aws.client("logs")
+    out = {}
+    for s in logs.describe_log_streams(logGroupName="/aws/batch/job")["logStreams"]:
+        ev = logs.get_log_events(logGroupName="/aws/batch/job", logStreamName=s["logStreamName"], startFromHead=True)
+        out[s["logStreamName"]] = "\n".join(e["message"] for e in ev["events"])
+    return out
+
+
+def test_allreduce_gang_as_one_multinode_job(aws, batch_env):
+    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "batch=allreduce", cwd=batch_env["CWD"],
+                 env=batch_env, timeout=300)
+    assert "all_reduce OK on 4 ranks (gloo)" in p.stdout, p.stdout[-3000:]
+    run_id = _run_id(p.stdout + p.stderr)
+    jobs = _jobs(batch_env, "AllReduceFlow", run_id)
+    assert [(j["step"], j["members"], j["kind"]) for j in jobs] == [("allreduce", 2, "gang")], "one job, 2 nodes"
+    # every node's output is in its own CloudWatch stream, and came back live, prefixed with the node
+    streams = _streams(aws)
+    assert len(streams) == 2
+    assert sorted("node rank 0" in t for t in streams.values()) == [False, True]
+    assert all("result OK" in t for t in streams.values())
+    assert "[default0]:result OK: node rank 1, world size 4" in p.stdout
+    logs = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"AllReduceFlow/{run_id}/allreduce"],
+                          env={**os.environ, **batch_env}, capture_output=True, text=True, timeout=60)
+    assert " node 0] " in logs.stdout and " node 1] " in logs.stdout
+
+
+FAILING = '''
+import os, sys, time
+from stoker import FlowSpec, batch, current, parallel, retry, step
+
+
+class GangFail(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.work, num_parallel=3)
+
+    @retry(times={retries}, minutes_between_retries=0)
+    @batch(cpu=1, memory=2048)
+    @parallel
+    @step
+    def work(self):
+        print(f"node {{current.parallel.node_index}} attempt {{current.retry_count}}", flush=True)
+        if current.parallel.node_index == 1 and current.retry_count == 0:
+            sys.exit(3)
+        if current.retry_count == 0:
+            time.sleep(120)
+        self.node = current.parallel.node_index
+        self.next(self.join)
+
+    @step
+    def join(self, inputs):
+        self.nodes = sorted(i.node for i in inputs)
+        self.next(self.end)
+
+    @step
+    def end(self):
+        print("nodes", self.nodes)
+
+
+if __name__ == "__main__":
+    GangFail()
+'''
+
+
+def test_a_failed_node_names_itself_and_stops_the_gang(batch_env, tmp_path):
+    flow = tmp_path / "gang_fail.py"
+    flow.write_text(FAILING.format(retries=0))
+    started = time.monotonic()
+    p = run_flow(flow, "run", cwd=tmp_path, env=batch_env, timeout=300, check=False)
+    took = time.monotonic() - started
+    assert p.returncode != 0
+    out = p.stdout + p.stderr
+    assert "gang work: node 1 (task 3) failed: SystemExit: 3 (batch: node 1: exit code 1" in out, out[-3000:]
+    assert took < 90, f"the other nodes sleep 120 s: the gang must be stopped (TerminateJob), took {took:.0f} s"
+
+
+def test_retry_resubmits_the_whole_gang(batch_env, tmp_path):
+    flow = tmp_path / "gang_fail.py"
+    flow.write_text(FAILING.format(retries=1))
+    p = run_flow(flow, "run", cwd=tmp_path, env=batch_env, timeout=300)
+    assert "nodes [0, 1, 2]" in p.stdout, p.stdout[-3000:]
+    jobs = _jobs(batch_env, "GangFail", _run_id(p.stdout + p.stderr))
+    assert [(j["step"], j["attempt"], j["members"]) for j in jobs] == [("work", 0, 3), ("work", 1, 3)]
+
+
+def test_dry_run_prints_the_batch_requests(batch_env):
+    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "batch=allreduce", "--nodes", "4", "--dry-run",
+                 cwd=batch_env["CWD"], env=batch_env, timeout=120)
+    doc = p.stdout.split("---- step allreduce: batch (gang, 4 member(s)) ----\n", 1)[1]
+    reqs = json.loads(doc[: doc.index("\n}\n") + 2])
+    assert reqs["SubmitJob"]["nodeOverrides"]["numNodes"] == 4
+    assert reqs["RegisterJobDefinition"]["nodeProperties"]["mainNode"] == 0
+
+
+def test_node_environment_is_what_batch_gives(batch_env, tmp_path):
+    """The entrypoint reads only Batch's variables: the main node has no main-node address and uses its own."""
+    from stoker.runtime.nodeenv import node_identity
+
+    main = node_identity({"AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_NUM_NODES": "4",
+                          "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0", "AWS_BATCH_JOB_ID": "j#0"})
+    other = node_identity({"AWS_BATCH_JOB_NODE_INDEX": "3", "AWS_BATCH_JOB_NUM_NODES": "4",
+                           "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.1.5", "AWS_BATCH_JOB_ID": "j#3"})
+    assert (main.member, main.num_nodes, main.port) == (0, 4, 29500) and main.main_addr
+    assert (other.member, other.num_nodes, other.main_addr) == (3, 4, "10.0.1.5")
+    assert sys.executable and Path(batch_env["BATCH_EMULATOR_DIR"]).name == "emulator"

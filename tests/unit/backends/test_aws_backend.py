@@ -1,0 +1,130 @@
+"""The Batch backend against moto's Batch on loopback: checks before submitting, job definitions reused, batched
+DescribeJobs, TerminateJob; and Batch descriptions -> JobStatus (each node names itself)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stoker.backends.aws.backend import BatchBackend
+from stoker.backends.aws.client import BatchClient
+from stoker.backends.aws.render import BatchOptions
+from stoker.backends.aws.states import job_status, status_of
+from stoker.errors import ConfigError
+from stoker.runtime.executor import EXITED, QUEUED, RUNNING, JobRef
+from tests.batch_emulator import make_queue
+from tests.unit.backends.test_aws_render import batch, make_unit
+
+pytestmark = pytest.mark.aws
+
+
+class Recording:
+    """A boto3 Batch client of moto's server that records each call's name and size."""
+
+    def __init__(self, client) -> None:
+        self.client, self.calls = client, []
+
+    def __getattr__(self, name):
+        fn = getattr(self.client, name)
+
+        def call(**kw):
+            self.calls.append((name, len(kw.get("jobs", []))))
+            return fn(**kw)
+        return call
+
+
+@pytest.fixture
+def backend(aws, monkeypatch):
+    monkeypatch.setenv("STOKER_STORE", "s3://bucket/stoker")
+    make_queue("stoker-queue")
+    rec = Recording(aws.client("batch"))
+    opts = BatchOptions(queue="stoker-queue", image="img:1", region="us-east-1", use_infra=False,
+                        instance_types=["trn1.32xlarge"])
+    b = BatchBackend(options=opts, client=BatchClient("us-east-1", batch=rec, logs=aws.client("logs")))
+    b.recorded = rec
+    return b
+
+
+def test_check_accepts_what_fits(backend):
+    backend.check(make_unit("gang", 4, options=batch(trainium=16, efa=8, memory=480000)))
+
+
+def test_memory_over_what_ecs_sees_is_refused_with_the_number_that_fits(backend):
+    unit = make_unit("gang", 4, options=batch(trainium=16, efa=8, memory=512 * 1024))
+    with pytest.raises(ConfigError, match=r"memory=507821"):
+        backend.check(unit)
+
+
+@pytest.mark.parametrize("attrs, words", [
+    ({"trainium": 32}, "trainium=32 but a trn1.32xlarge has 16 Trainium devices"),
+    ({"efa": 16}, "efa=16 but a trn1.32xlarge has 8 EFA interfaces"),
+    ({"gpu": 1}, "gpu=1 but a trn1.32xlarge has 0 GPUs"),
+])
+def test_requests_no_instance_can_take_are_refused(backend, attrs, words):
+    with pytest.raises(ConfigError, match=words):
+        backend.check(make_unit("task", 1, options=batch(**attrs)))
+
+
+def test_a_local_store_is_refused(backend, tmp_path):
+    unit = make_unit("task", 1)
+    unit.store_url = str(tmp_path / "store")
+    with pytest.raises(ConfigError, match="Batch containers cannot reach: use an S3 store"):
+        backend.check(unit)
+
+
+def test_missing_image_queue_and_unknown_queue(backend):
+    backend.options.image = None
+    with pytest.raises(ConfigError, match="no container image"):
+        backend.check(make_unit("task", 1))
+    backend.options.image, backend.options.queue = "img:1", None
+    with pytest.raises(ConfigError, match="no job queue"):
+        backend.check(make_unit("task", 1))
+    with pytest.raises(ConfigError, match="'nope' does not exist"):
+        backend.check(make_unit("task", 1, options=batch(queue="nope")))
+
+
+def test_submit_reuses_the_definition_polls_in_batches_and_terminates(backend):
+    refs = [backend.submit(backend.materialize(make_unit("gang", 2, options=batch(cpu=1)))) for _ in range(2)]
+    names = [c for c, _ in backend.recorded.calls]
+    assert names.count("register_job_definition") == 1, "the second submission reuses the definition"
+    assert names.count("submit_job") == 2
+    many = refs * 40  # 80 jobs of 2 nodes: 240 ids
+    backend.recorded.calls.clear()
+    statuses = backend.poll(many)
+    sizes = [n for c, n in backend.recorded.calls if c == "describe_jobs"]
+    assert sizes == [100, 100, 40], "one DescribeJobs call per 100 ids"
+    assert set(statuses) == {r.job_id for r in refs}
+    backend.cancel(refs[0])
+    assert ("terminate_job", 0) in backend.recorded.calls
+
+
+def test_a_failed_node_names_itself():
+    parent = {"jobId": "j", "status": "FAILED", "statusReason": "Essential container in task exited",
+              "startedAt": 1_700_000_000_000}
+    nodes = {0: {"status": "FAILED", "container": {"exitCode": 143, "reason": "Terminated"}},
+             1: {"status": "RUNNING"},
+             2: {"status": "FAILED", "statusReason": "Essential container in task exited",
+                 "container": {"exitCode": 137, "reason": "OutOfMemoryError: Container killed due to memory usage",
+                               "networkInterfaces": [{"privateIpv4Address": "10.0.0.7"}]}}}
+    st = job_status(parent, nodes)
+    assert st.state == EXITED and st.exit_code == 1 and st.started_at == 1_700_000_000.0
+    assert st.member(2).exit_code == 137 and "node 2: exit code 137" in st.member(2).reason
+    assert "OutOfMemoryError" in st.member(2).reason and st.member(2).hosts == ["10.0.0.7"]
+    assert st.member(1).state == RUNNING
+    assert st.reason.startswith("node 0: exit code 143")
+
+
+def test_queued_states_and_blocked_jobs():
+    assert status_of({"status": "RUNNABLE"}).state == QUEUED
+    blocked = status_of({"status": "RUNNABLE", "statusReason": "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - The job "
+                         "resource requirement (vCPU/memory/GPU) is higher than that can be met by the CE(s)"})
+    assert blocked.blocked and "MISCONFIGURATION" in blocked.reason
+    waiting = status_of({"status": "RUNNABLE", "statusReason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"})
+    assert not waiting.blocked, "no capacity now is worth waiting for"
+    assert status_of({"status": "SUCCEEDED"}).exit_code == 0
+
+
+def test_refs_survive_json(backend):
+    ref = backend.submit(backend.materialize(make_unit("task", 1)))
+    again = JobRef.from_json(ref.to_json())
+    assert again.extra["queue"] == "stoker-queue" and again.extra["log_group"] == "/aws/batch/job"
+    assert again.extra["instance_type"] == "trn1.32xlarge"
