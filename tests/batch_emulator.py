@@ -47,12 +47,23 @@ def _now_ms() -> int:
 
 
 class _Node:
-    def __init__(self, index: int, proc: subprocess.Popen, stream: str) -> None:
+    def __init__(self, index: int, proc: subprocess.Popen | None, stream: str) -> None:
         self.index, self.proc, self.stream = index, proc, stream
+        self.pid = proc.pid if proc else None
         self.started = _now_ms()
         self.stopped: int | None = None
         self.code: int | None = None
         self.reason: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("index", "pid", "stream", "started", "stopped", "code", "reason")}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> _Node:
+        node = cls(rec["index"], None, rec["stream"])
+        for k in ("pid", "started", "stopped", "code", "reason"):
+            setattr(node, k, rec[k])
+        return node
 
 
 class EmulatedBatch:
@@ -78,11 +89,36 @@ class EmulatedBatch:
             json.dump(definition, f)
         return resp
 
-    def _definition_file(self, arn: str) -> str:
+    def _file(self, kind: str, key: str) -> str:
+        """Definitions and job states are kept as files, so that another process (`stoker logs`, `stoker kill`)
+        sees what this one registered and ran, as it would on Batch."""
         folder = os.path.join(os.environ.get("BATCH_EMULATOR_DIR", os.path.join(tempfile.gettempdir(),
-                                                                                "batch-emulator")), "definitions")
+                                                                                "batch-emulator")), kind)
         os.makedirs(folder, exist_ok=True)
-        return os.path.join(folder, hashlib.sha256(arn.encode()).hexdigest()[:24] + ".json")
+        return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+    def _definition_file(self, arn: str) -> str:
+        return self._file("definitions", arn)
+
+    def _save(self, job: str) -> None:
+        state = self.jobs[job]
+        with self.lock:
+            doc = {**{k: v for k, v in state.items() if k != "nodes"},
+                   "nodes": [n.record() for n in state["nodes"].values()]}
+        tmp = self._file("jobs", job) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, self._file("jobs", job))
+
+    def _state(self, job: str) -> dict[str, Any] | None:
+        if job in self.jobs:
+            return self.jobs[job]
+        try:
+            with open(self._file("jobs", job)) as f:
+                doc = json.load(f)
+        except OSError:
+            return None
+        return {**doc, "nodes": {n["index"]: _Node.from_record(n) for n in doc["nodes"]}}
 
     def _definition(self, ref: str) -> dict[str, Any]:
         jd = self.batch.describe_job_definitions(jobDefinitions=[ref])["jobDefinitions"][0]
@@ -132,22 +168,28 @@ class EmulatedBatch:
             node = _Node(i, proc, stream)
             state["nodes"][i] = node
             threading.Thread(target=self._ship, args=(job, node), daemon=True).start()
+        self._save(job)
         return resp
 
     def _ship(self, job: str, node: _Node) -> None:
         """The awslogs driver: the node's output, line by line, into its CloudWatch stream."""
         batch: list[dict[str, Any]] = []
         last = time.monotonic()
-        assert node.proc.stdout is not None
-        for raw in iter(node.proc.stdout.readline, b""):
-            batch.append({"timestamp": _now_ms(), "message": raw.decode(errors="replace").rstrip("\n")})
-            if len(batch) >= 200 or time.monotonic() - last > 0.5:
-                self._put(node.stream, batch)
-                batch, last = [], time.monotonic()
-        self._put(node.stream, batch)
+        assert node.proc is not None and node.proc.stdout is not None
+        try:
+            for raw in iter(node.proc.stdout.readline, b""):
+                for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
+                    batch.append({"timestamp": _now_ms(), "message": line[:250_000] or " "})
+                if len(batch) >= 200 or time.monotonic() - last > 0.5:
+                    self._put(node.stream, batch)
+                    batch, last = [], time.monotonic()
+            self._put(node.stream, batch)
+        except Exception as e:  # noqa: BLE001 - a driver that fails must not leave the job running forever
+            print(f"batch emulator: shipping the log of {job}#{node.index} failed: {e!r}", file=sys.stderr)
         code = node.proc.wait()
         with self.lock:
             node.code, node.stopped = code, _now_ms()
+        self._save(job)
         if node.index == 0:
             self._end_others(job, "the main node exited")
 
@@ -171,6 +213,13 @@ class EmulatedBatch:
                     node.reason = f"Terminated: {reason}"
                     _signal(node.proc, signal.SIGTERM)
             threading.Timer(5.0, self._kill_all, args=(jobId,)).start()  # ECS's stop timeout, shortened
+        elif (other := self._state(jobId)) is not None:  # started by another process (`stoker kill`)
+            for node in other["nodes"].values():
+                if node.code is None and node.pid:
+                    try:
+                        os.killpg(node.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
         return resp
 
     def _kill_all(self, job: str) -> None:
@@ -183,7 +232,7 @@ class EmulatedBatch:
         out, others = [], []
         for jid in jobs:
             parent, _, node = jid.partition("#")
-            state = self.jobs.get(parent)
+            state = self._state(parent)
             if state is None:
                 others.append(jid)
             elif node:

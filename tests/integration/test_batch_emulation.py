@@ -79,6 +79,12 @@ def test_allreduce_gang_as_one_multinode_job(aws, batch_env):
     logs = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"AllReduceFlow/{run_id}/allreduce"],
                           env={**os.environ, **batch_env}, capture_output=True, text=True, timeout=60)
     assert " node 0] " in logs.stdout and " node 1] " in logs.stdout
+    engine = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"AllReduceFlow/{run_id}/allreduce",
+                             "--engine"], env={**os.environ, **batch_env}, capture_output=True, text=True, timeout=60)
+    assert engine.returncode == 0, engine.stderr
+    lines = engine.stdout.splitlines()
+    assert any(ln.startswith("[allreduce/") and " node 0 attempt 0] " in ln and "node rank 0" in ln for ln in lines)
+    assert any(" node 1 attempt 0] " in ln and "result OK: node rank 1" in ln for ln in lines), engine.stdout
 
 
 FAILING = '''

@@ -32,3 +32,56 @@ def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None, 
         for line in getattr(t, stream).splitlines():
             sys.stdout.write(f"[{label}] {line}\n" if many else f"{line}\n")
     return 0
+
+
+def print_engine_logs(pathspec: str, follow: bool = False, out=None) -> int:
+    """`stoker logs FLOW/RUN[/STEP[/TASK]] --engine [--follow]`: what the engine itself recorded for each node
+    of each job of the run (CloudWatch Logs on AWS Batch, the per-node files on Slurm), every attempt, each line
+    prefixed with its step, task, node and attempt. With --follow, new lines as they come until every job ends."""
+    from ..backends import make_backend
+    from ..runtime.executor import EXITED
+    from ..store.blob import open_store
+    from .guardian import job_refs
+
+    out = out or sys.stdout
+    parts = pathspec.strip("/").split("/")
+    if len(parts) < 2:
+        raise ConfigError(f"logs {pathspec} --engine: give FLOW/RUN, FLOW/RUN/STEP or FLOW/RUN/STEP/TASK")
+    refs = [r for r in job_refs(open_store(), parts[0], parts[1])
+            if (len(parts) < 3 or r.step == parts[2]) and (len(parts) < 4 or parts[3] in r.task_ids)]
+    if not refs:
+        raise ConfigError(f"logs {pathspec} --engine: no cluster job of this run matches (local tasks have no "
+                          f"engine log: use `stoker logs {pathspec}`)")
+    refs.sort(key=lambda r: (r.submitted_at, r.step))
+    backends = {name: make_backend(name) for name in {r.backend for r in refs}}
+
+    def label(ref, member: int) -> str:
+        task = ref.task_ids[member] if member < len(ref.task_ids) else "?"
+        node = f" node {member}" if ref.kind == "gang" else ""
+        return f"[{ref.step}/{task}{node} attempt {ref.attempt}]"
+
+    def emit(ref, member: int, data: bytes) -> None:
+        for line in data.decode(errors="replace").splitlines():
+            out.write(f"{label(ref, member)} {line}\n")
+        out.flush()
+
+    if not follow:
+        for r in refs:
+            for member in range(r.members):
+                emit(r, member, backends[r.backend].logs(r, member, "stdout") + backends[r.backend].logs(r, member,
+                                                                                                         "stderr"))
+        return 0
+    live = {(r.backend, r.job_id): r for r in refs}
+    while live:
+        for name, backend in backends.items():
+            group = [r for (b, _), r in live.items() if b == name]
+            if not group:
+                continue
+            statuses = backend.poll(group)
+            backend.wait(backend.poll_interval, lambda ref, member, _stream, data: emit(ref, member, data))
+            for r in group:
+                st = statuses.get(r.job_id)
+                if st is not None and st.state == EXITED:
+                    backend.wait(0.0, lambda ref, member, _stream, data: emit(ref, member, data))
+                    live.pop((name, r.job_id), None)
+    return 0

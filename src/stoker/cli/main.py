@@ -56,12 +56,25 @@ def cmd_show(args: argparse.Namespace) -> int:
             arts = ", ".join(f"{a.id}" for a in t.artifacts if not a.id.startswith("_"))
             exc = f"  [red]{t.exception.type}: {t.exception.message}[/]" if t.exception else ""
             c.print(f"    task {t.id} (attempt {t.retry_count}){exc}  artifacts: {arts or '-'}", soft_wrap=True)
+    from ..backends.aws.cost import run_cost
+    from ..errors import StokerError
+
+    try:  # node-hours and estimated cost, when something ran off this machine
+        cost = run_cost(run._store, run.flow_name, run.id)
+    except (StokerError, OSError) as e:
+        c.print(f"cost: not available ({e})", soft_wrap=True)
+    else:
+        if cost.worth_showing:
+            for line in cost.lines():
+                c.print(line, soft_wrap=True, markup=False)
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from .logs import print_logs
+    from .logs import print_engine_logs, print_logs
 
+    if args.engine or args.follow:
+        return print_engine_logs(args.pathspec, follow=args.follow)
     return print_logs(args.pathspec, stderr=args.stderr, attempt=args.attempt, all_attempts=args.all_attempts)
 
 
@@ -102,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stderr", action="store_true")
     p.add_argument("--attempt", type=int)
     p.add_argument("--all-attempts", action="store_true", help="every attempt of every task (retries included)")
+    p.add_argument("--engine", action="store_true", help="the cluster's own logs of every node and attempt "
+                   "(CloudWatch Logs on AWS Batch, the node files on Slurm); FLOW/RUN[/STEP[/TASK]]")
+    p.add_argument("--follow", "-f", action="store_true", help="with --engine: print new lines until the jobs end")
     p.set_defaults(fn=cmd_logs)
     p = sub.add_parser("kill", help="cancel every live job of FLOW/RUN (Slurm ...) and stop its run process")
     p.add_argument("pathspec")
@@ -115,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         register_data(sub)
     except ImportError:  # the data layer is optional at import time
         pass
+    from .image import register as register_image
+
+    register_image(sub)
     return ap
 
 

@@ -32,6 +32,16 @@ def home_dir() -> Path:
     return Path(os.environ.get("STOKER_HOME") or ".stoker").expanduser().resolve()
 
 
+def default_dataset_url(fingerprint: str) -> str:
+    """Where a prepared dataset goes when no output is given: next to the run store when that is remote
+    (``$STOKER_STORE=s3://b/p`` -> ``s3://b/p/datasets/FP``, so cluster nodes can read it), else
+    ``<home>/datasets/FP``."""
+    store = os.environ.get("STOKER_STORE", "")
+    if is_remote(store):
+        return f"{store.rstrip('/')}/datasets/{fingerprint}"
+    return str(home_dir() / "datasets" / fingerprint)
+
+
 def is_remote(url: str) -> bool:
     """True for fsspec URLs other than ``file://`` (``s3://``, ``memory://`` ...)."""
     return "://" in url and not url.startswith("file://")

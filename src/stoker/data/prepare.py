@@ -219,7 +219,7 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
         raise DataError(f"{tok.path} has no end-of-sequence token, so documents cannot be separated; train a "
                         "tokenizer with one (`stoker data train-tokenizer`) or pass add_eos=False (--no-eos)")
     fingerprint = dataset_fingerprint(cfg, src, tok)
-    target = cfg.output or str(layout.home_dir() / "datasets" / fingerprint)
+    target = cfg.output or layout.default_dataset_url(fingerprint)
     show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     existing = layout.read_manifest(target)
     if existing is not None and existing.get("fingerprint") == fingerprint and not cfg.overwrite:

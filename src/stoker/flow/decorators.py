@@ -115,7 +115,10 @@ class TorchrunDecorator(ParallelDecorator):
 
     name = "torchrun"
     defaults = {"nproc_per_node": None, "master_port": None, "all_nodes_started_timeout": 600,
-                "rdzv_timeout": None, "max_restarts": 0, "tee": True}
+                "rdzv_timeout": None, "max_restarts": 0, "tee": True,
+                # Neuron: the compile cache's prefix in the store (None: not kept), and a neuron_parallel_compile
+                # pass before the run (True, or a dict of flags to change for it, e.g. {"steps_this_run": 2})
+                "neuron_cache": "neuron-cache/", "precompile": False}
 
 
 DECORATORS: dict[str, type[StepDecorator]] = {

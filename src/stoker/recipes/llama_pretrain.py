@@ -139,6 +139,8 @@ class LlamaPretrain(FlowSpec):
 
     @step
     def end(self):
+        from stoker.backends.aws.cost import cost_headline
+
         m, e = self.metrics, self.eval
         print(f"LlamaPretrain {current.run_id}: {m['tokens']:,} tokens seen in {m['step']} steps on "
               f"{m['world_size']} ranks (TP={m['tp']} x DP={m['dp']}), {m['tokens_per_s']:,.0f} tokens/s")
@@ -146,6 +148,7 @@ class LlamaPretrain(FlowSpec):
               f"(perplexity {e['val_perplexity']:.1f})")
         print(f"  checkpoint: {self.checkpoint}")
         print(f"  export (Hugging Face format): {self.export_dir}")
+        print(f"  compute: {cost_headline(current.store_url, current.flow_name, current.run_id)}")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ class Unit:
 
     def spec_document(self) -> bytes:
         """The unit spec blob a remote member reads: its own spec is `specs[member]`."""
-        doc = {"kind": self.kind, "flow_path": self.flow_path, "specs": [json.loads(s.to_json()) for s in self.specs]}
+        doc = {"kind": self.kind, "flow_path": self.flow_path, "specs": [json.loads(s.to_json()) for s in self.specs],
+               "resources": self.resources, "options": self.options}
         return json.dumps(doc, sort_keys=True).encode()
 
     def node_command(self, python: str | None = None) -> list[str]:

@@ -1,8 +1,9 @@
 """What a remote member runs: `python -m stoker.runtime.node --store URL --code KEY --spec KEY`.
 
 It learns who it is from the engine's environment, reads the unit spec blob and the code package from the
-store, and runs `python flow.py _task SPEC` in this process (as a local task would), with its own spec in a
-file only this user can read. Its output goes to the engine's log as usual and, in chunks while it runs, to
+store, sets the EFA / Neuron variables the step's request needs (`accel.node_env`), and runs
+`python flow.py _task SPEC` in this process (as a local task would), with its own spec in a file only this
+user can read. Its output goes to the engine's log as usual and, in chunks while it runs, to
 the store (best effort: a failed upload never fails the task), so `stoker logs` sees every node.
 """
 
@@ -16,9 +17,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import MutableMapping
 
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import log_name
+from .accel import node_env, step_request
 from .nodeenv import node_identity
 from .package import unpack_package
 from .spec import TaskSpec
@@ -125,12 +128,23 @@ def member_spec(doc: dict, env: dict[str, str] | None = None) -> TaskSpec:
     return spec
 
 
+def apply_node_env(doc: dict, env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set the EFA / Neuron variables the step's request needs (`accel.node_env`) in `env` (this process's
+    environment by default, so the task and torchrun's workers inherit them); the values already set win.
+    Returns what was added."""
+    env = os.environ if env is None else env
+    added = node_env(step_request(doc.get("resources") or {}, doc.get("options") or {}), env)
+    env.update(added)
+    return added
+
+
 def run_member(store_url: str, code_key: str, spec_key: str) -> int:
     started = time.time()
     store = open_store(store_url)
     doc = json.loads(store.get_bytes(spec_key))
     spec = member_spec(doc)
     os.environ.update(STOKER_RUN_ID=spec.run_id, STOKER_TASK_PATHSPEC=spec.pathspec, STOKER_STORE=store.url)
+    added = apply_node_env(doc)
     pkg = unpack_package(store, code_key)
     flow_path = str(pkg / doc["flow_path"])
     spec.flow_file = flow_path
@@ -141,6 +155,9 @@ def run_member(store_url: str, code_key: str, spec_key: str) -> int:
     shipper = LogShipper(store, spec)
     print(f"stoker: {spec.pathspec} attempt {spec.attempt} on {os.uname().nodename} "
           f"(set up in {time.time() - started:.2f} s)", file=sys.stderr, flush=True)
+    if added:
+        print(f"stoker: node environment {' '.join(f'{k}={v}' for k, v in sorted(added.items()))}",
+              file=sys.stderr, flush=True)
     code = 1
     try:
         sys.path.insert(0, str(pkg))
@@ -158,7 +175,30 @@ def run_member(store_url: str, code_key: str, spec_key: str) -> int:
         shipper.close()
         os.unlink(spec_file)
         os.rmdir(private)
+    if code == 0:
+        wait_for_members(store, doc, spec)
     return code
+
+
+def wait_for_members(store: BlobStore, doc: dict, spec: TaskSpec, env: dict[str, str] | None = None,
+                     poll_s: float = 1.0) -> None:
+    """On engines where the job ends when its main node exits (AWS Batch multi-node jobs stop every other node
+    then), node 0 of a gang waits until the others have written their manifests and logs, so their results are
+    not cut off. Bounded: `$STOKER_MAIN_NODE_WAIT` seconds (default 300); a node that died meanwhile is the
+    scheduler's to see (its job ends, the gang fails), not ours to wait for."""
+    env = os.environ if env is None else env
+    if doc.get("kind") != "gang" or "AWS_BATCH_JOB_NODE_INDEX" not in env or node_identity(env).member != 0:
+        return
+    others = [TaskSpec(**s) for s in doc["specs"][1:]]
+    waiting = {log_name(s.flow, s.run_id, s.step, s.task_id, s.attempt, "stderr") for s in others}
+    deadline = time.monotonic() + float(env.get("STOKER_MAIN_NODE_WAIT", "300"))
+    while waiting and time.monotonic() < deadline:
+        waiting = {n for n in waiting if not store.exists(n)}  # the final stderr log is the last thing a node writes
+        if waiting:
+            time.sleep(poll_s)
+    if waiting:
+        print(f"stoker: {len(waiting)} node(s) of the gang did not finish within STOKER_MAIN_NODE_WAIT; the main "
+              f"node exits now, which ends the job", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

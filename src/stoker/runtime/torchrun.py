@@ -1,33 +1,50 @@
-"""`current.torch.run(...)` for @torchrun steps: launch torchrun with the gang's nnodes, node_rank and master."""
+"""`current.torch.run(...)` for @torchrun steps: launch torchrun with the gang's nnodes, node_rank and master.
+
+Any torchrun entrypoint runs: a module (`stoker.train`) or a script path with its own flags (the Neuron
+samples' NxD pretraining script, as a Metaflow flow runs it). On the node it also
+- derives `nproc_per_node` from the step's request and what the node has, and prints it with its source;
+- sets the EFA / Neuron variables the step needs (`accel.node_env`; the user's values win);
+- on Neuron, fetches the compile cache from the store before and uploads it after, even after a failure
+  (`neuron_cache`), and runs `neuron_parallel_compile` first when `precompile=` asks for it.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._process import die_with_parent
-from ..errors import StokerError
-from ..flow.current import ParallelInfo
+from ..errors import ConfigError, StokerError
+from ..flow.current import ParallelInfo, current
 from ..flow.decorators import get_decorator
+from . import neuron_cache
+from .accel import Accelerators, detect, node_env, nproc_for, step_request, wants_neuron
 
-log = logging.getLogger(__name__)
 
+def derive_nproc_per_node(resources: Mapping[str, Any] | None, options: Mapping[str, Any] | None = None, *,
+                          accelerators: Accelerators | Callable[[], Accelerators] | None = None,
+                          env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Processes per node and where the number comes from (never a silent 1).
 
-def derive_nproc_per_node(resources: Mapping[str, Any] | None) -> tuple[int, str]:
-    """Processes per node from @resources: GPUs, else NeuronCores (2 per Trainium device), else CPUs, else 1."""
-    r = resources or {}
-    if r.get("gpu"):
-        return int(r["gpu"]), f"@resources(gpu={int(r['gpu'])})"
-    if r.get("trainium"):
-        return 2 * int(r["trainium"]), f"@resources(trainium={int(r['trainium'])}) x 2 NeuronCores"
-    if r.get("cpu"):
-        return max(1, int(r["cpu"])), f"@resources(cpu={int(r['cpu'])})"
-    return 1, "default (no @resources)"
+    From the step's request (`@resources` and `@batch`, the larger of each): GPUs; else Trainium/Inferentia
+    devices x NeuronCores per device (of `instance_type=`, else as detected here, else 2, said so); else CPUs.
+    A step that asks for none of these gets what the node has (NeuronCores, else GPUs), else 1.
+    `accelerators` replaces the detection (tests, or a caller that already looked)."""
+    if isinstance(accelerators, Accelerators):
+        acc = accelerators
+        detected: Callable[[], Accelerators] = lambda: acc  # noqa: E731
+    elif accelerators is not None:
+        detected = accelerators
+    else:
+        itype = step_request(resources, options).get("instance_type")
+        detected = lambda: detect(env, instance_type=itype)  # noqa: E731
+    return nproc_for(resources, options, detected, env)
 
 
 def _args_list(args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
@@ -44,7 +61,35 @@ def _args_list(args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
             else:
                 out += [flag, str(v)]
         return out
+    if isinstance(args, str):
+        raise ConfigError(f"args={args!r}: give a dict of flags ({{'max_steps': 10}}) or a list of strings "
+                          f"(['--max_steps', '10']), not one string")
     return [str(a) for a in args]
+
+
+def _is_flag(tok: str) -> bool:
+    return tok.startswith("-") and not re.fullmatch(r"-\d+(\.\d*)?([eE][-+]?\d+)?", tok)
+
+
+def override_args(args: Mapping[str, Any] | Sequence[str] | None, overrides: Mapping[str, Any]) -> list[str]:
+    """`args` with each flag of `overrides` replaced (`{"max_steps": 10}`; False/None drops a flag)."""
+    out = _args_list(args)
+    for k, v in overrides.items():
+        flag = k if k.startswith("-") else f"--{k}"
+        kept: list[str] = []
+        i = 0
+        while i < len(out):
+            tok = out[i]
+            if tok == flag:
+                i += 1
+                while i < len(out) and not _is_flag(out[i]):  # its value(s), negative numbers included
+                    i += 1
+                continue
+            if not tok.startswith(flag + "="):
+                kept.append(tok)
+            i += 1
+        out = kept + _args_list({flag: v})
+    return out
 
 
 @dataclass
@@ -55,31 +100,56 @@ class TorchrunHelper:
     node_rank: int
     master_addr: str
     master_port: int
-    nproc_per_node: int
-    nproc_source: str
+    nproc_per_node: int | None = None  # None: derived on first use (derive_nproc_per_node)
+    nproc_source: str = ""
     max_restarts: int = 0
     tee: bool = True
+    resources: dict[str, Any] = field(default_factory=dict)  # the step's @resources
+    options: dict[str, Any] = field(default_factory=dict)  # the step's @batch
+    store_url: str | None = None  # where the Neuron compile cache is kept
+    neuron_cache: str | None = neuron_cache.DEFAULT_PREFIX  # its prefix there; None: not kept
+    precompile: bool | Mapping[str, Any] = False
+    neuron: bool | None = None  # None: the step asks for Neuron devices, or the node has some
+    accelerators: Callable[[], Accelerators] | None = None  # replaces the node's detection (tests)
 
     @classmethod
     def for_task(cls, func: Any, par: ParallelInfo) -> TorchrunHelper:
-        deco = get_decorator(func, "torchrun")
-        res = get_decorator(func, "resources")
+        deco, res, batch = (get_decorator(func, n) for n in ("torchrun", "resources", "batch"))
         attrs = deco.attributes if deco else {}
-        if attrs.get("nproc_per_node"):
-            n, src = int(attrs["nproc_per_node"]), "@torchrun(nproc_per_node=...)"
-        else:
-            n, src = derive_nproc_per_node(res.attributes if res else None)
+        n, src = (int(attrs["nproc_per_node"]), "@torchrun(nproc_per_node=...)") if attrs.get("nproc_per_node") \
+            else (None, "")
         port = attrs.get("master_port") or par.port or 29500
         return cls(nnodes=par.num_nodes, node_rank=par.node_index, master_addr=par.main_ip,
                    master_port=int(port), nproc_per_node=n, nproc_source=src,
-                   max_restarts=int(attrs.get("max_restarts") or 0), tee=bool(attrs.get("tee", True)))
+                   max_restarts=int(attrs.get("max_restarts") or 0), tee=bool(attrs.get("tee", True)),
+                   resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
+                   options={k: v for k, v in (batch.attributes if batch else {}).items() if v is not None},
+                   store_url=current.get("store_url"),
+                   neuron_cache=attrs.get("neuron_cache", neuron_cache.DEFAULT_PREFIX) or None,
+                   precompile=attrs.get("precompile") or False)
+
+    @property
+    def request(self) -> dict[str, Any]:
+        return step_request(self.resources, self.options)
+
+    def resolved_nproc(self) -> tuple[int, str]:
+        """(processes per node, why), derived once."""
+        if self.nproc_per_node is None:
+            self.nproc_per_node, self.nproc_source = derive_nproc_per_node(
+                self.resources, self.options, accelerators=self.accelerators)
+        return self.nproc_per_node, self.nproc_source
+
+    def uses_neuron(self) -> bool:
+        if self.neuron is None:
+            self.neuron = wants_neuron(self.request)
+        return self.neuron
 
     def command(self, entrypoint: str, args: Any = None, module: bool | None = None,
                 nproc_per_node: int | None = None) -> list[str]:
         is_module = module if module is not None else not entrypoint.endswith(".py")
         cmd = [sys.executable, "-m", "torch.distributed.run",
                f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}",
-               f"--nproc_per_node={nproc_per_node or self.nproc_per_node}",
+               f"--nproc_per_node={nproc_per_node or self.resolved_nproc()[0]}",
                f"--master_addr={self.master_addr}", f"--master_port={self.master_port}",
                f"--max_restarts={self.max_restarts}"]
         if self.tee:
@@ -88,15 +158,84 @@ class TorchrunHelper:
         return cmd
 
     def run(self, entrypoint: str, args: Any = None, entrypoint_args: Any = None, module: bool | None = None,
-            nproc_per_node: int | None = None, env: Mapping[str, str] | None = None, **_: Any) -> None:
-        """Run `entrypoint` (a module like `stoker.train`, or a script path) under torchrun; raise on failure."""
-        cmd = self.command(entrypoint, args if args is not None else entrypoint_args, module, nproc_per_node)
-        source = "given to current.torch.run" if nproc_per_node else self.nproc_source
-        print(f"torchrun: node {self.node_rank}/{self.nnodes}, {nproc_per_node or self.nproc_per_node} "
-              f"processes per node ({source}), master {self.master_addr}:{self.master_port}", flush=True)
-        full_env = {**os.environ, **(env or {})}
-        full_env.setdefault("OMP_NUM_THREADS", "1")
-        proc = subprocess.Popen(cmd, env=full_env, preexec_fn=die_with_parent)
+            nproc_per_node: int | None = None, env: Mapping[str, str] | None = None,
+            precompile: bool | Mapping[str, Any] | None = None, **_: Any) -> None:
+        """Run `entrypoint` (a module like `stoker.train`, or a script path) under torchrun; raise on failure.
+
+        `precompile=True` first runs the same command under `neuron_parallel_compile`; a dict
+        (`{"steps_this_run": 2}`) overrides those flags for that pass only. Default: @torchrun(precompile=...)."""
+        args = args if args is not None else entrypoint_args
+        pre = self.precompile if precompile is None else precompile
+        if pre is not False and not isinstance(pre, (bool, Mapping)):
+            raise ConfigError(f"precompile={pre!r}: use True, or a dict of the flags to change for the "
+                              f"pre-compilation pass, e.g. precompile={{'steps_this_run': 2}}")
+        n, source = (nproc_per_node, "given to current.torch.run") if nproc_per_node else self.resolved_nproc()
+        neuron = self.uses_neuron()
+        base = {**os.environ, **(env or {})}
+        added = node_env(self.request, base, neuron_devices=1 if neuron else 0)
+        child_env = {**base, **added}
+        child_env.setdefault("OMP_NUM_THREADS", "1")
+        print(f"torchrun: node {self.node_rank}/{self.nnodes}, {n} processes per node ({source}), "
+              f"master {self.master_addr}:{self.master_port}", flush=True)
+        if added:
+            print(f"torchrun: node environment {' '.join(f'{k}={v}' for k, v in sorted(added.items()))}",
+                  flush=True)
+        sync = self._cache_sync(child_env) if neuron else None
+        if sync:
+            sync("fetch")
+        try:
+            if pre:
+                self._precompile(entrypoint, args, module, n, child_env, pre)
+                if sync:
+                    sync("upload")
+            self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
+        finally:
+            if sync:
+                sync("upload")
+
+    def _precompile(self, entrypoint: str, args: Any, module: bool | None, n: int, env: dict[str, str],
+                    pre: bool | Mapping[str, Any]) -> None:
+        exe = shutil.which("neuron_parallel_compile", path=env.get("PATH"))
+        if not exe:
+            raise ConfigError("precompile= needs neuron_parallel_compile on PATH: it ships with torch-neuronx "
+                              "(the Neuron training DLC has it); run the step in a Neuron image, or drop "
+                              "precompile")
+        overrides = dict(pre) if isinstance(pre, Mapping) else {}
+        shown = f" with {' '.join(_args_list(overrides))}" if overrides else ""
+        print(f"torchrun: pre-compilation pass (neuron_parallel_compile{shown})", flush=True)
+        self._spawn([exe, *self.command(entrypoint, override_args(args, overrides), module, n)], env,
+                    "neuron_parallel_compile")
+
+    def _cache_sync(self, env: Mapping[str, str]) -> Callable[[str], None] | None:
+        """fetch/upload of the Neuron compile cache, best effort: a failure costs a recompilation, never the run."""
+        if not self.neuron_cache:
+            return None
+        local = neuron_cache.local_cache_dir(env)
+        if local is None:
+            print("neuron cache: the Neuron cache URL is remote (s3://...), Neuron keeps it itself; stoker does "
+                  "not copy it", flush=True)
+            return None
+        if not self.store_url:
+            print("neuron cache: this task knows no store, so compiled graphs are not kept", flush=True)
+            return None
+        from ..store.blob import open_store
+
+        store_url, prefix = self.store_url, self.neuron_cache
+
+        def sync(action: str) -> None:
+            try:
+                fn = neuron_cache.fetch if action == "fetch" else neuron_cache.upload
+                report = fn(open_store(store_url), prefix, local)
+                print(f"neuron cache: {report.summary()} ({store_url}/{neuron_cache.normalize_prefix(prefix)} "
+                      f"<-> {local})", flush=True)
+            except Exception as e:  # noqa: BLE001 - the run goes on; the graphs compile again next time
+                print(f"neuron cache: {action} failed ({e}); training goes on, the next run may compile again",
+                      file=sys.stderr, flush=True)
+
+        return sync
+
+    def _spawn(self, cmd: list[str], env: Mapping[str, str], what: str) -> None:
+        proc = subprocess.Popen(cmd, env=dict(env), preexec_fn=die_with_parent)
         try:
             rc = proc.wait()
         except BaseException:
@@ -107,4 +246,4 @@ class TorchrunHelper:
                 proc.kill()
             raise
         if rc != 0:
-            raise StokerError(f"torchrun exited with code {rc} on node {self.node_rank} (command: {' '.join(cmd)})")
+            raise StokerError(f"{what} exited with code {rc} on node {self.node_rank} (command: {' '.join(cmd)})")

@@ -118,6 +118,8 @@ class _Store:
     def files(self, name: str) -> dict[str, str]:
         """relative path -> absolute path of every file of checkpoint ``name``."""
         base = self.join(name)
+        if not self.local:
+            self.fs.invalidate_cache()  # other ranks and processes wrote here since this process last listed
         out = {}
         for full in self.fs.find(base):
             rel = full[len(base) :].lstrip("/")
@@ -169,7 +171,9 @@ class Checkpointer:
         (async: once staged; it is committed before the next save or at :meth:`finalize`)."""
         self.wait()
         name = step_name(step)
-        tmp = f".tmp-{name}"
+        # A folder is written aside and renamed into place; on an object store there is no rename (a copy of the
+        # whole checkpoint is no commit): it is written in place, and its manifest, written last, commits it.
+        tmp = f".tmp-{name}" if self.store.local else name
         if _rank() == 0:
             self.store.remove(tmp)
         _barrier()
@@ -217,8 +221,9 @@ class Checkpointer:
             manifest = {"step": step, "files": files, "fingerprint": self.fingerprint, "config": self.config,
                         "layout": self.layout, "created": time.time(), "torch": torch.__version__}
             self.store.write_atomic(json.dumps(manifest, indent=1, sort_keys=True), tmp, MANIFEST)
-            self.store.remove(name)  # a re-save of the same step (after a resume) replaces it
-            self.store.fs.mv(self.store.join(tmp), self.store.join(name), recursive=True)
+            if tmp != name:
+                self.store.remove(name)  # a re-save of the same step (after a resume) replaces it
+                self.store.fs.mv(self.store.join(tmp), self.store.join(name), recursive=True)
             self.store.write_atomic(name, LATEST)
             self._prune(keep_name=name)
         _barrier()

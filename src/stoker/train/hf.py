@@ -459,7 +459,7 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike[str]) -> tuple[LlamaCo
     if local:
         reader: Any = dcp.FileSystemReader(ckpt)
     else:
-        from torch.distributed.checkpoint import FsspecReader
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         reader = FsspecReader(fs.unstrip_protocol(ckpt))
     metadata = reader.read_metadata()

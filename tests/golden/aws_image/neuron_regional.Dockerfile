@@ -1,0 +1,19 @@
+# stoker image, kind neuron: rendered by `stoker image`, do not edit (re-render instead).
+# No CMD: AWS Batch passes the node command. No secrets: nothing here is one.
+FROM 763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training-neuronx:2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04
+
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# The DLC has torch-neuronx, the Neuron compiler, runtime and tools, and the EFA libraries.
+RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
+
+# stoker; the base image's torch (and Neuron) builds stay: pip may add packages, not replace those
+COPY stoker-0.1.0-py3-none-any.whl /tmp/stoker/
+RUN mkdir -p /tmp/stoker && python -m pip freeze | grep -iE '^(torch|torch-neuronx|torch-xla|torchvision|neuronx-cc|libneuronxla|neuronx-distributed|numpy)==' > /tmp/stoker/keep.txt; \
+    python -m pip install --no-cache-dir --constraint /tmp/stoker/keep.txt "/tmp/stoker/stoker-0.1.0-py3-none-any.whl[train,data,aws]" \
+ && rm -rf /tmp/stoker \
+ && python -c "import stoker, torch; print('stoker', stoker.__version__, 'torch', torch.__version__)"
+
+RUN useradd --create-home --uid 10001 --shell /bin/bash stoker \
+ && mkdir -p /workspace && chown stoker:stoker /workspace
+USER stoker
+WORKDIR /workspace
