@@ -311,3 +311,20 @@ def make_queue(name: str = "stoker-test", region: str = "us-east-1") -> str:
     batch.create_job_queue(jobQueueName=name, state="ENABLED", priority=1,
                            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}])
     return name
+
+
+def emulated_batch_env(aws: Any, tmp_path: Any) -> dict[str, str]:
+    """The environment of a `run` (in another process) whose @batch steps go to the emulated Batch, with a queue
+    and an S3 store (s3://stoker-bucket/stoker) on moto; `CWD` is a scratch folder to run it in."""
+    from tests.helpers import ROOT
+
+    aws.client("s3").create_bucket(Bucket="stoker-bucket")
+    make_queue("stoker-test")
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                      "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION")}
+    env.update(STOKER_STORE="s3://stoker-bucket/stoker", STOKER_HOME=str(tmp_path / "home"), CWD=str(tmp_path),
+               STOKER_BACKENDS="batch=tests.batch_emulator:EmulatedBatchBackend", STOKER_BATCH_QUEUE="stoker-test",
+               STOKER_BATCH_POLL_INTERVAL="0.5", STOKER_LOG_UPLOAD_INTERVAL="1",
+               BATCH_EMULATOR_DIR=str(tmp_path / "emulator"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return env

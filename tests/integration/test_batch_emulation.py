@@ -13,27 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXAMPLES, ROOT, run_flow
+from tests.helpers import EXAMPLES, run_flow
 
 pytestmark = [pytest.mark.aws, pytest.mark.slow, pytest.mark.torch]
 
 
 @pytest.fixture
 def batch_env(aws, tmp_path):
-    """The environment of a `run` whose @batch steps go to the emulated Batch, with an S3 store."""
-    from tests.batch_emulator import make_queue
+    from tests.batch_emulator import emulated_batch_env
 
-    aws.client("s3").create_bucket(Bucket="stoker-bucket")
-    make_queue("stoker-test")
-    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-                                      "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION")}
-    env["CWD"] = str(tmp_path)
-    env.update(STOKER_STORE="s3://stoker-bucket/stoker", STOKER_HOME=str(tmp_path / "home"),
-               STOKER_BACKENDS="batch=tests.batch_emulator:EmulatedBatchBackend", STOKER_BATCH_QUEUE="stoker-test",
-               STOKER_BATCH_POLL_INTERVAL="0.5", STOKER_LOG_UPLOAD_INTERVAL="1",
-               BATCH_EMULATOR_DIR=str(tmp_path / "emulator"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return env
+    return emulated_batch_env(aws, tmp_path)
 
 
 def _store(env):

@@ -183,6 +183,29 @@ def test_train_on_slurm_is_bitwise_the_local_run(reference, home, slurm_cluster)
     assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
 
 
+@pytest.mark.aws
+def test_train_on_emulated_aws_batch_is_bitwise_the_local_run(reference, aws, tmp_path, monkeypatch):
+    """`train` as one 2-node Batch multi-node job (tests/batch_emulator.py: moto's API, nodes as local processes
+    with Batch's environment), the store, dataset and checkpoints on S3 (moto): the same weights as locally."""
+    from tests.batch_emulator import emulated_batch_env
+
+    env = emulated_batch_env(aws, tmp_path)
+    p = run_flow(FLOW, "run", *SMALL, "--backend", "batch=train", cwd=tmp_path, env=env, timeout=900)
+    for k in ("STOKER_HOME", "STOKER_STORE"):
+        monkeypatch.setenv(k, env[k])
+    from stoker import Flow
+
+    run = Flow("LlamaPretrain").latest_run
+    assert run.successful, p.stdout[-3000:]
+    store = __import__("stoker.store.blob", fromlist=["open_store"]).open_store(env["STOKER_STORE"])
+    jobs = [json.loads(store.read(n)) for n in store.list(f"runs/LlamaPretrain/{run.id}/jobs/") if n.endswith(".json")]
+    assert [(j["backend"], j["step"], j["members"]) for j in jobs] == [("batch", "train", 2)]
+    result = run["join"].task.data.result
+    assert result["checkpoint"].startswith("s3://stoker-bucket/stoker/checkpoints/")
+    assert run["start"].task.data.data.url.startswith("s3://stoker-bucket/stoker/datasets/"), "nodes read S3"
+    assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
+
+
 @pytest.mark.slurm
 def test_a_rank_killed_on_a_slurm_node_resubmits_the_gang_and_resumes_bitwise(reference, home, slurm_cluster):
     before = {p.name for p in _ckpt_root(home).iterdir()}
