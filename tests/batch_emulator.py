@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -173,16 +174,27 @@ class EmulatedBatch:
 
     def _ship(self, job: str, node: _Node) -> None:
         """The awslogs driver: the node's output, line by line, into its CloudWatch stream."""
-        batch: list[dict[str, Any]] = []
-        last = time.monotonic()
+        lines: queue.Queue[bytes] = queue.Queue()
         assert node.proc is not None and node.proc.stdout is not None
+        out = node.proc.stdout
+        threading.Thread(target=lambda: [lines.put(raw) for raw in iter(out.readline, b"")] + [lines.put(b"")],
+                         daemon=True).start()
+        batch: list[dict[str, Any]] = []
         try:
-            for raw in iter(node.proc.stdout.readline, b""):
+            while True:
+                try:
+                    raw = lines.get(timeout=0.5)
+                except queue.Empty:  # nothing new for a while: ship what is buffered
+                    self._put(node.stream, batch)
+                    batch = []
+                    continue
+                if not raw:
+                    break
                 for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
                     batch.append({"timestamp": _now_ms(), "message": line[:250_000] or " "})
-                if len(batch) >= 200 or time.monotonic() - last > 0.5:
+                if len(batch) >= 200:
                     self._put(node.stream, batch)
-                    batch, last = [], time.monotonic()
+                    batch = []
             self._put(node.stream, batch)
         except Exception as e:  # noqa: BLE001 - a driver that fails must not leave the job running forever
             print(f"batch emulator: shipping the log of {job}#{node.index} failed: {e!r}", file=sys.stderr)
@@ -208,12 +220,17 @@ class EmulatedBatch:
         state = self.jobs.get(jobId)
         if state is not None:
             state["terminated"] = reason
+            self._save(jobId)
             for node in state["nodes"].values():
                 if node.proc.poll() is None:
                     node.reason = f"Terminated: {reason}"
                     _signal(node.proc, signal.SIGTERM)
             threading.Timer(5.0, self._kill_all, args=(jobId,)).start()  # ECS's stop timeout, shortened
         elif (other := self._state(jobId)) is not None:  # started by another process (`stoker kill`)
+            other["terminated"] = reason
+            self.jobs[jobId] = other
+            self._save(jobId)
+            del self.jobs[jobId]
             for node in other["nodes"].values():
                 if node.code is None and node.pid:
                     try:

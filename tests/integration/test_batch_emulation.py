@@ -155,3 +155,57 @@ def test_node_environment_is_what_batch_gives(batch_env, tmp_path):
     assert (main.member, main.num_nodes, main.port) == (0, 4, 29500) and main.main_addr
     assert (other.member, other.num_nodes, other.main_addr) == (3, 4, "10.0.1.5")
     assert sys.executable and Path(batch_env["BATCH_EMULATOR_DIR"]).name == "emulator"
+
+
+SLEEPY = """
+import time
+from stoker import FlowSpec, batch, parallel, step
+
+
+class Sleepy(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.work, num_parallel=2)
+
+    @batch(cpu=1)
+    @parallel
+    @step
+    def work(self):
+        print("working", flush=True)
+        time.sleep(300)
+        self.next(self.join)
+
+    @step
+    def join(self, inputs):
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+
+if __name__ == "__main__":
+    Sleepy()
+"""
+
+
+def test_stoker_kill_terminates_the_batch_job(batch_env, tmp_path):
+    flow = tmp_path / "sleepy.py"
+    flow.write_text(SLEEPY)
+    env = {**os.environ, **batch_env}
+    proc = subprocess.Popen([sys.executable, str(flow), "run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "working" not in seen and time.monotonic() < deadline:
+        seen += proc.stdout.readline()
+    assert "working" in seen, seen
+    run_id = _run_id(seen)
+    kill = subprocess.run([sys.executable, "-m", "stoker.cli.main", "kill", f"Sleepy/{run_id}"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert kill.returncode == 0, kill.stdout + kill.stderr
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    states = [json.loads(p.read_text()) for p in (Path(batch_env["BATCH_EMULATOR_DIR"]) / "jobs").glob("*.json")]
+    assert [s["terminated"] for s in states] and all(s["terminated"].startswith("stoker: cancelled") for s in states), \
+        seen + out
