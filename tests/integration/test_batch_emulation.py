@@ -135,13 +135,32 @@ def test_retry_resubmits_the_whole_gang(batch_env, tmp_path):
     assert [(j["step"], j["attempt"], j["members"]) for j in jobs] == [("work", 0, 3), ("work", 1, 3)]
 
 
+def _dry_run_doc(out: str, header: str) -> dict:
+    doc = out.split(header + "\n", 1)[1]
+    return json.loads(doc[: doc.index("\n}\n") + 2])
+
+
 def test_dry_run_prints_the_batch_requests(batch_env):
-    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "batch=allreduce", "--nodes", "4", "--dry-run",
-                 cwd=batch_env["CWD"], env=batch_env, timeout=120)
-    doc = p.stdout.split("---- step allreduce: batch (gang, 4 member(s)) ----\n", 1)[1]
-    reqs = json.loads(doc[: doc.index("\n}\n") + 2])
+    """`--with batch:...` with `--backend batch=STEP` configures only that step; the others stay here."""
+    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "batch=allreduce", "--nodes", "4", "--with",
+                 "batch:trainium=16,efa=8,instance_type=trn1.32xlarge", "--dry-run", cwd=batch_env["CWD"],
+                 env=batch_env, timeout=120)
+    assert "# ---- step start: local" in p.stdout and "# ---- step join: local" in p.stdout
+    reqs = _dry_run_doc(p.stdout, "# ---- step allreduce: batch (gang, 4 member(s)) ----")
     assert reqs["SubmitJob"]["nodeOverrides"]["numNodes"] == 4
-    assert reqs["RegisterJobDefinition"]["nodeProperties"]["mainNode"] == 0
+    props = reqs["RegisterJobDefinition"]["nodeProperties"]
+    assert props["mainNode"] == 0 and len(props["nodeRangeProperties"][0]["container"]["linuxParameters"][
+        "devices"]) == 16 + 8
+
+
+def test_the_trainium_example_dry_runs_as_the_recipe(batch_env):
+    p = run_flow(EXAMPLES / "aws" / "llama2_trainium.py", "run", "--nodes", "4", "--dry-run", cwd=batch_env["CWD"],
+                 env=batch_env, timeout=120)
+    reqs = _dry_run_doc(p.stdout, "# ---- step train: batch (gang, 4 member(s)) ----")
+    c = reqs["RegisterJobDefinition"]["nodeProperties"]["nodeRangeProperties"][0]["container"]
+    assert {"type": "MEMORY", "value": "480000"} in c["resourceRequirements"]
+    assert c["linuxParameters"]["devices"][15]["hostPath"] == "/dev/neuron15"
+    assert c["linuxParameters"]["devices"][-1]["hostPath"] == "/dev/infiniband/uverbs7"
 
 
 def test_node_environment_is_what_batch_gives(batch_env, tmp_path):

@@ -66,10 +66,19 @@ class StepRouter:
 
     def name_for(self, step: str) -> str:
         func = getattr(self.flow_cls, step)
-        decorated = next((n for n in BACKENDS if n != "local" and get_decorator(func, n)), None)
+        decorated = next((n for n in BACKENDS if n != "local" and self._sends(func, n, step)), None)
         if decorated:
             return decorated
         return self.default if self.only is None or step in self.only else "local"
+
+    def _sends(self, func: Callable, name: str, step: str) -> bool:
+        """The step's decorator sends it to `name`; one added by `--with NAME:...` together with `--backend
+        NAME=STEP,..` only for those steps (the option configures them: `--backend batch=train --with
+        batch:trainium=16`)."""
+        d = get_decorator(func, name)
+        if d is None:
+            return False
+        return d.statically_defined or self.only is None or name != self.default or step in self.only
 
     def __call__(self, step: str) -> Backend:
         name = self.name_for(step)
