@@ -59,6 +59,8 @@ def test_allreduce_gang_as_one_multinode_job(aws, batch_env):
     run_id = _run_id(p.stdout + p.stderr)
     jobs = _jobs(batch_env, "AllReduceFlow", run_id)
     assert [(j["step"], j["members"], j["kind"]) for j in jobs] == [("allreduce", 2, "gang")], "one job, 2 nodes"
+    extra = jobs[0]["extra"]
+    assert 0 < extra["stopped_at"] - extra["started_at"] < 120, "start and stop times, for the cost"
     # every node's output is in its own CloudWatch stream, and came back live, prefixed with the node
     streams = _streams(aws)
     assert len(streams) == 2

@@ -203,6 +203,12 @@ def test_train_on_emulated_aws_batch_is_bitwise_the_local_run(reference, aws, tm
     result = run["join"].task.data.result
     assert result["checkpoint"].startswith("s3://stoker-bucket/stoker/checkpoints/")
     assert run["start"].task.data.data.url.startswith("s3://stoker-bucket/stoker/datasets/"), "nodes read S3"
+    export = run["export"].task.data.export_dir
+    assert export == f"s3://stoker-bucket/stoker/exports/LlamaPretrain/{run.id}"
+    keys = [o["Key"] for o in aws.client("s3").list_objects_v2(Bucket="stoker-bucket",
+                                                                Prefix=export[len("s3://stoker-bucket/"):])["Contents"]]
+    assert any(k.endswith("config.json") for k in keys) and any(k.endswith(".safetensors") for k in keys)
+    assert not (tmp_path / "s3:").exists(), "nothing written to a local folder named after the URL"
     assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
 
 

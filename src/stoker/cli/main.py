@@ -132,8 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # the data layer is optional at import time
         pass
     from .image import register as register_image
+    from .infra import register as register_infra
 
     register_image(sub)
+    register_infra(sub)
     return ap
 
 

@@ -130,11 +130,17 @@ class LlamaPretrain(FlowSpec):
         from stoker.data import load_tokenizer
         from stoker.train.hf import export_from_checkpoint
 
-        out = Path(current.store_url) / "exports" if "://" not in current.store_url else None
-        target = str(out / current.flow_name / current.run_id) if out else \
-            f"{current.store_url.rstrip('/')}/exports/{current.flow_name}/{current.run_id}"
+        target = f"{current.store_url.rstrip('/')}/exports/{current.flow_name}/{current.run_id}"
+        remote = "://" in current.store_url
         tok = load_tokenizer(self.config.data.tokenizer)
-        self.export_dir = str(export_from_checkpoint(self.checkpoint, target, tokenizer=getattr(tok, "path", None)))
+        local = os.path.join(current.tempdir, "export") if remote else target
+        self.export_dir = str(export_from_checkpoint(self.checkpoint, local, tokenizer=getattr(tok, "path", None)))
+        if remote:  # written here, then uploaded next to the run in the store (s3://...)
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(target)
+            fs.put(self.export_dir.rstrip("/") + "/", path, recursive=True)
+            self.export_dir = target
         self.next(self.end)
 
     @step

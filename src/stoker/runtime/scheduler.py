@@ -434,6 +434,12 @@ class Scheduler:
                     self._finish(t, -9, "its cancellation was not confirmed")
         if not any(t.state == "running" and t.job is ref for t in tasks):
             del self.live[key]
+            if b.persist_refs:  # the backend may have added what it learned (start and stop times, for the cost)
+                try:
+                    self.store.write(job_record_name(self.flow, self.run_id, ref), ref.to_json().encode(),
+                                     durable=False)
+                except Exception:  # noqa: BLE001 - the record from the submission stays
+                    pass
 
     def _ended_at(self, t: Task) -> float | None:
         """When a remote task wrote its own manifest (None: it did not; it was killed)."""

@@ -66,6 +66,7 @@ class BatchBackend(Backend):
         self._streams: dict[tuple[str, int], str] = {}  # (job, member) -> CloudWatch log stream
         self._tails: dict[str, _Tail] = {}
         self._last_logs = 0.0
+        self._sink: Sink | None = None  # wait()'s, kept to flush a node's last lines when poll() sees it end
 
     # -- before submitting ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -164,8 +165,18 @@ class BatchBackend(Backend):
             nodes = {i: found[f"{r.job_id}#{i}"] for i in range(r.members) if f"{r.job_id}#{i}" in found}
             st = job_status(parent, nodes)
             out[r.job_id] = st
+            for key, field in (("started_at", "startedAt"), ("stopped_at", "stoppedAt")):
+                if isinstance(parent.get(field), (int, float)) and parent[field]:
+                    r.extra[key] = parent[field] / 1000.0  # node-hours for the cost (the record is re-saved)
             self._remember_streams(r, parent, nodes)
-            self._tails.setdefault(r.job_id, _Tail(r)).status = st  # re-attached refs are tailed too
+            tail = self._tails.setdefault(r.job_id, _Tail(r))  # re-attached refs are tailed too
+            tail.status = st
+            ended = [i for i in range(r.members) if st.member(i).state == EXITED and i not in tail.done]
+            if ended and self._sink is not None:
+                try:  # a node's last lines, before the scheduler hears that it ended (then it stops listening)
+                    self._feed(tail, self._sink)
+                except Exception as e:  # noqa: BLE001 - live output is best effort; the store has the logs
+                    log.debug("CloudWatch tail of %s: %s", r.job_id, e)
         return out
 
     def _remember_streams(self, ref: JobRef, parent: dict[str, Any], nodes: dict[int, dict[str, Any]]) -> None:
@@ -204,6 +215,7 @@ class BatchBackend(Backend):
         """Feed new CloudWatch lines of every started node to `sink` (at most once per poll interval), then
         sleep out `timeout`."""
         deadline = time.monotonic() + timeout
+        self._sink = sink
         if time.monotonic() - self._last_logs >= self.poll_interval:
             self._last_logs = time.monotonic()
             for job, tail in list(self._tails.items()):

@@ -1,0 +1,222 @@
+"""The desired resources as the exact request payloads boto3 is given, pure (no I/O): launch template data with
+its user data, the compute environment, the job queue, tags. The plan compares them with what AWS has; tests
+check them against botocore's service model and golden files.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+from .config import InfraConfig
+
+PENDING = "(new)"  # an id that exists only once an earlier resource is created (plan output)
+BOUNDARY = "==STOKERBOUNDARY=="
+
+
+@dataclass
+class Facts:
+    """What the resources need from AWS and from each other, filled in as the plan reads and apply creates."""
+
+    region: str
+    account: str = "123456789012"
+    partition: str = "aws"
+    vpc: str | None = None
+    ami: str = PENDING
+    security_group: str = PENDING
+    instance_role_arn: str = PENDING
+    instance_profile_arn: str = PENDING
+    job_role_arn: str = PENDING
+    service_role_arn: str = PENDING
+    launch_template_id: str = PENDING
+    launch_template_version: str = PENDING
+    compute_environment_arn: str = PENDING
+    ecr_uri: str = PENDING
+
+    def ecr_arn(self, repository: str) -> str:
+        return f"arn:{self.partition}:ecr:{self.region}:{self.account}:repository/{repository}"
+
+
+def tags(cfg: InfraConfig) -> dict[str, str]:
+    """Every resource carries these: `stoker:infra` is what destroy trusts."""
+    return {**cfg.tags, "stoker:managed": "true", "stoker:infra": cfg.name}
+
+
+def tag_list(cfg: InfraConfig) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in sorted(tags(cfg).items())]
+
+
+def tag_spec(cfg: InfraConfig, resource_type: str) -> list[dict[str, Any]]:
+    return [{"ResourceType": resource_type, "Tags": tag_list(cfg)}]
+
+
+def names(cfg: InfraConfig) -> dict[str, str]:
+    return {
+        "security_group": cfg.resource_name("efa"),
+        "instance_role": cfg.resource_name("instance-role"),
+        "instance_profile": cfg.resource_name("instance-profile"),
+        "job_role": cfg.resource_name("job-role"),
+        "placement_group": cfg.resource_name("cluster"),
+        "launch_template": cfg.resource_name("lt"),
+        "compute_environment": cfg.resource_name("ce"),
+        "job_queue": cfg.resource_name("queue"),
+        "ecr_repository": cfg.ecr_repository,
+        "bucket": cfg.bucket,
+    }
+
+
+def user_data_script(cfg: InfraConfig) -> str:
+    """The node bootstrap: memlock unlimited for the containers (EFA and Neuron pin memory), and the EFA and
+    Neuron kernel drivers where the AMI lacks them (checked on the node, so a fresh AMI installs nothing)."""
+    lines = [
+        "#!/bin/bash",
+        f"# stoker infra {cfg.name}: node bootstrap, runs before the ECS agent starts taking jobs",
+        "set -uxo pipefail",
+        "cat > /etc/security/limits.d/90-stoker-memlock.conf <<'EOF'",
+        "* soft memlock unlimited",
+        "* hard memlock unlimited",
+        "EOF",
+        "if [ -f /etc/sysconfig/docker ] && ! grep -q 'memlock=-1' /etc/sysconfig/docker; then",
+        "  sed -i 's/^OPTIONS=\"/OPTIONS=\"--default-ulimit memlock=-1:-1 /' /etc/sysconfig/docker",
+        "  systemctl try-restart docker || true",
+        "fi",
+    ]
+    if cfg.install_drivers and cfg.efa_interfaces:
+        lines += [
+            "# EFA kernel driver: the containers bring libfabric, the host needs the module",
+            "if ! modinfo efa >/dev/null 2>&1; then",
+            "  cd /tmp && curl -fsSL --retry 5 -o aws-efa-installer.tar.gz "
+            "https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz",
+            "  tar -xf aws-efa-installer.tar.gz && cd aws-efa-installer && ./efa_installer.sh -y --minimal",
+            "fi",
+        ]
+    if cfg.install_drivers and cfg.neuron:
+        lines += [
+            "# Neuron driver (/dev/neuron*): the ECS Neuron AMI has it, other AMIs get it here",
+            "if ! modinfo neuron >/dev/null 2>&1; then",
+            "  cat > /etc/yum.repos.d/neuron.repo <<'EOF'",
+            "[neuron]",
+            "name=Neuron YUM Repository",
+            "baseurl=https://yum.repos.neuron.amazonaws.com",
+            "enabled=1",
+            "metadata_expire=0",
+            "EOF",
+            "  rpm --import https://yum.repos.neuron.amazonaws.com/GPG-PUB-KEY-AMAZON-AWS-NEURON.PUB",
+            "  dnf install -y \"kernel-devel-$(uname -r)\" aws-neuronx-dkms && modprobe neuron",
+            "fi",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def user_data(cfg: InfraConfig) -> str:
+    """MIME multipart, as Batch requires of a launch template's user data (it adds its own part)."""
+    return (
+        "MIME-Version: 1.0\n"
+        f'Content-Type: multipart/mixed; boundary="{BOUNDARY}"\n\n'
+        f"--{BOUNDARY}\n"
+        'Content-Type: text/x-shellscript; charset="us-ascii"\n\n'
+        f"{user_data_script(cfg)}"
+        f"--{BOUNDARY}--\n"
+    )
+
+
+def network_interfaces(cfg: InfraConfig, security_group: str) -> list[dict[str, Any]]:
+    """One EFA interface per network card: card 0 is the primary interface (device 0), the others device 1."""
+    return [{"NetworkCardIndex": i, "DeviceIndex": 0 if i == 0 else 1, "InterfaceType": "efa",
+             "Groups": [security_group], "DeleteOnTermination": True}
+            for i in range(cfg.efa_interfaces)]
+
+
+def launch_template_data(cfg: InfraConfig, facts: Facts) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        # IMDSv2 only; hop limit 2 so that containers (one hop further) reach it
+        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
+        "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
+            "VolumeSize": cfg.root_volume_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
+        "UserData": base64.b64encode(user_data(cfg).encode()).decode(),
+    }
+    if cfg.efa_interfaces:
+        # security groups then live on each interface (EC2 refuses them at instance level too)
+        data["NetworkInterfaces"] = network_interfaces(cfg, facts.security_group)
+    return data
+
+
+def image_type(cfg: InfraConfig) -> str:
+    return "ECS_AL2023_NVIDIA" if cfg.kind == "gpu" else "ECS_AL2023"
+
+
+def compute_resources(cfg: InfraConfig, facts: Facts) -> dict[str, Any]:
+    n = names(cfg)
+    res: dict[str, Any] = {
+        "type": "SPOT" if cfg.spot else "EC2",
+        # not BEST_FIT: only these allow in-place infrastructure updates (types, subnets, launch template, AMI)
+        "allocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED" if cfg.spot else "BEST_FIT_PROGRESSIVE",
+        "minvCpus": cfg.min_vcpus,
+        "maxvCpus": cfg.max_vcpus,
+        "instanceTypes": list(cfg.instance_types),
+        "subnets": list(cfg.subnets),
+        "instanceRole": facts.instance_profile_arn,
+        "launchTemplate": {"launchTemplateId": facts.launch_template_id, "version": facts.launch_template_version},
+        "ec2Configuration": [{"imageType": image_type(cfg), "imageIdOverride": facts.ami}],
+        "tags": {**tags(cfg), "Name": cfg.resource_name("node")},  # on the instances it starts
+    }
+    if not cfg.efa_interfaces:
+        # Batch refuses both: "Either compute environment Security Groups or Network Interfaces in Launch
+        # template are exclusively allowed"
+        res["securityGroupIds"] = [facts.security_group]
+    if cfg.placement_group:
+        res["placementGroup"] = n["placement_group"]
+    return res
+
+
+def compute_environment_request(cfg: InfraConfig, facts: Facts) -> dict[str, Any]:
+    return {"computeEnvironmentName": names(cfg)["compute_environment"], "type": "MANAGED", "state": "ENABLED",
+            "computeResources": compute_resources(cfg, facts), "serviceRole": facts.service_role_arn,
+            "tags": tags(cfg)}
+
+
+def job_queue_request(cfg: InfraConfig, facts: Facts) -> dict[str, Any]:
+    return {"jobQueueName": names(cfg)["job_queue"], "state": "ENABLED", "priority": 1,
+            "computeEnvironmentOrder": [{"order": 1, "computeEnvironment": facts.compute_environment_arn}],
+            "tags": tags(cfg)}
+
+
+def security_group_rules(group_id: str) -> list[dict[str, Any]]:
+    """All traffic to and from the group itself, in and out: what EFA needs."""
+    return [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
+
+
+def has_self_rule(permissions: list[dict[str, Any]], group_id: str) -> bool:
+    return any(p.get("IpProtocol") == "-1" and any(g.get("GroupId") == group_id
+                                                   for g in p.get("UserIdGroupPairs", []))
+               for p in permissions)
+
+
+def subset_diff(want: Any, have: Any, path: str = "") -> list[str]:
+    """Where `have` (what AWS returns, which may add defaults) does not match `want`: every key of `want` must
+    be in `have` with an equal value; lists match element by element."""
+    if isinstance(want, dict):
+        if not isinstance(have, dict):
+            return [f"{path or 'value'}: {_short(have)} -> {_short(want)}"]
+        out = []
+        for k, v in want.items():
+            out += subset_diff(v, have.get(k), f"{path}.{k}" if path else k)
+        return out
+    if isinstance(want, list):
+        if not isinstance(have, list) or len(have) != len(want):
+            return [f"{path}: {_short(have)} -> {_short(want)}"]
+        out = []
+        for i, (w, h) in enumerate(zip(want, have, strict=True)):
+            out += subset_diff(w, h, f"{path}[{i}]")
+        return out
+    return [] if want == have else [f"{path}: {_short(have)} -> {_short(want)}"]
+
+
+def _short(v: Any) -> str:
+    if v is None:
+        return "(none)"
+    if isinstance(v, list) and v and isinstance(v[0], dict):
+        return f"{len(v)} entries"
+    s = str(v)
+    return s if len(s) <= 48 else s[:45] + "..."
