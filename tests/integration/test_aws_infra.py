@@ -193,6 +193,23 @@ def config(loop: Loopback, **kw: Any) -> InfraConfig:
     return InfraConfig(**{"region": "us-east-1", "subnets": [loop.subnet], "bucket": "stoker-test-bucket", **kw})
 
 
+def _backend_uses_the_outputs(loop, outputs) -> None:
+    """A Batch backend given nothing submits to what `stoker infra apply` made: its queue, image, role and
+    instance types, and its checks pass against the queue it created."""
+    from stoker.backends.aws.backend import BatchBackend
+    from stoker.backends.aws.client import BatchClient
+    from tests.unit.backends.test_aws_render import batch, make_unit
+
+    b = BatchBackend(client=BatchClient("us-east-1", batch=loop.aws.client("batch"), logs=loop.aws.client("logs")))
+    o = b.options
+    assert (o.queue, o.image, o.job_role, o.instance_types) == (
+        outputs["queue"], outputs["image"], outputs["job_role_arn"], outputs["instance_types"])
+    unit = make_unit("gang", 4, options=batch(trainium=16, efa=8, memory=480000))
+    b.check(unit)
+    container = b.materialize(unit).payload["definition"]["nodeProperties"]["nodeRangeProperties"][0]["container"]
+    assert container["jobRoleArn"] == outputs["job_role_arn"] and container["image"] == outputs["image"]
+
+
 def test_apply_twice_then_destroy_leaves_nothing(full):
     loop = full
     cfg = config(loop)
@@ -232,6 +249,7 @@ def test_apply_twice_then_destroy_leaves_nothing(full):
     assert outputs["queue"] == "stoker-queue" and outputs["store_url"] == "s3://stoker-test-bucket/stoker"
     assert outputs["image"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/stoker:latest"
     assert outputs["job_role_arn"] == "arn:aws:iam::123456789012:role/stoker-job-role"
+    _backend_uses_the_outputs(loop, outputs)
     state = State.load("stoker")
     assert all(state.created(k) for k in state.resources if k != "service_role")
     assert not state.created("service_role")  # Batch's, never deleted
