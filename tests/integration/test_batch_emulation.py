@@ -222,11 +222,17 @@ def test_stoker_kill_terminates_the_batch_job(batch_env, tmp_path):
         seen += proc.stdout.readline()
     assert "working" in seen, seen
     run_id = _run_id(seen)
+    follow = subprocess.Popen([sys.executable, "-m", "stoker.cli.main", "logs", f"Sleepy/{run_id}", "--engine",
+                               "--follow"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
     kill = subprocess.run([sys.executable, "-m", "stoker.cli.main", "kill", f"Sleepy/{run_id}"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert kill.returncode == 0, kill.stdout + kill.stderr
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode != 0
+    followed, _ = follow.communicate(timeout=60)  # --follow ends when the jobs end
+    assert follow.returncode == 0, followed
+    assert "node 0 attempt 0] working" in followed and "node 1 attempt 0] working" in followed, followed
     states = [json.loads(p.read_text()) for p in (Path(batch_env["BATCH_EMULATOR_DIR"]) / "jobs").glob("*.json")]
     assert [s["terminated"] for s in states] and all(s["terminated"].startswith("stoker: cancelled") for s in states), \
         seen + out
