@@ -155,3 +155,25 @@ def test_init_from_without_a_model_name_takes_the_sources_shape(tmp_path: Path, 
         assert (shape["ffn_dim"], shape["n_layers"]) == (96, 3) and tuned["step"] == 1
     with pytest.raises(ConfigError, match="init_from=.*nowhere.*give a Hugging Face folder"):
         run_training(cfg(tmp_path / "bad", tokens, model={"init_from": str(tmp_path / "nowhere")}))
+
+
+@pytest.mark.aws
+def test_checkpoints_on_s3_commit_in_place_and_resume_bitwise(tmp_path: Path, tokens: Path, aws):
+    """On an object store a checkpoint is written where it stays and committed by its manifest (no copy of
+    the whole checkpoint); an uncommitted one is skipped. moto's S3 on loopback."""
+    pytest.importorskip("s3fs")
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="ckpt-bucket")
+    url = "s3://ckpt-bucket/run/ck"
+    full = run_training(cfg(tmp_path / "full", tokens))
+    run_training(cfg(tmp_path / "s", tokens, train={"stop_after": 3}, checkpoint={"dir": url, "every": 1}))
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt-bucket")["Contents"]}
+    assert not any("/.tmp-" in k for k in keys), "no temporary copy on S3"
+    assert "run/ck/step_00000003/manifest.json" in keys and "run/ck/latest" in keys
+    # a save torn before its manifest: its files are there, it is not a checkpoint
+    s3.put_object(Bucket="ckpt-bucket", Key="run/ck/step_00000004/.metadata", Body=b"torn")
+    resumed = run_training(cfg(tmp_path / "s", tokens, checkpoint={"dir": url}))
+    assert resumed["resumed_from"] == f"{url}/step_00000003"
+    assert resumed["losses"] == full["losses"][3:]
+    a, b = weights(full["checkpoint"]), weights(resumed["checkpoint"])
+    assert all(torch.equal(a[k], b[k]) for k in a)
