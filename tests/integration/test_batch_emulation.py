@@ -233,6 +233,10 @@ def test_stoker_kill_terminates_the_batch_job(batch_env, tmp_path):
     followed, _ = follow.communicate(timeout=60)  # --follow ends when the jobs end
     assert follow.returncode == 0, followed
     assert "node 0 attempt 0] working" in followed and "node 1 attempt 0] working" in followed, followed
+    # SIGTERM unwinds the node: it says so and uploads its own logs before the engine's SIGKILL
+    err = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"Sleepy/{run_id}/work", "--stderr"],
+                         env=env, capture_output=True, text=True, timeout=60).stdout
+    assert err.count("stoker: SIGTERM: stopping this node") == 2, err
     states = [json.loads(p.read_text()) for p in (Path(batch_env["BATCH_EMULATOR_DIR"]) / "jobs").glob("*.json")]
     assert [s["terminated"] for s in states] and all(s["terminated"].startswith("stoker: cancelled") for s in states), \
         seen + out

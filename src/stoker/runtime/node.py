@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import runpy
+import signal
 import sys
 import tempfile
 import threading
@@ -201,12 +202,23 @@ def wait_for_members(store: BlobStore, doc: dict, spec: TaskSpec, env: dict[str,
               f"node exits now, which ends the job", file=sys.stderr, flush=True)
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    """The engine stops this node (TerminateJob, scancel, @timeout, a failed gang node): unwind, so that
+    torchrun is stopped and the logs (and a Neuron compile cache) are uploaded before the engine's SIGKILL."""
+    # Engines send TERM more than once (Batch stops the other nodes when the main one exits, after its own
+    # TerminateJob): the first one unwinds; the engine's SIGKILL after its grace is the backstop.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("stoker: SIGTERM: stopping this node", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m stoker.runtime.node")
     ap.add_argument("--store", required=True)
     ap.add_argument("--code", required=True)
     ap.add_argument("--spec", required=True)
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     code = run_member(a.store, a.code, a.spec)
     sys.stdout.flush()
     sys.stderr.flush()

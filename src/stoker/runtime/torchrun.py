@@ -104,6 +104,7 @@ class TorchrunHelper:
     nproc_source: str = ""
     max_restarts: int = 0
     tee: bool = True
+    rdzv_timeout: int = 600  # seconds the nodes wait for each other (torchrun's static rendezvous)
     resources: dict[str, Any] = field(default_factory=dict)  # the step's @resources
     options: dict[str, Any] = field(default_factory=dict)  # the step's @batch
     store_url: str | None = None  # where the Neuron compile cache is kept
@@ -122,6 +123,8 @@ class TorchrunHelper:
         return cls(nnodes=par.num_nodes, node_rank=par.node_index, master_addr=par.main_ip,
                    master_port=int(port), nproc_per_node=n, nproc_source=src,
                    max_restarts=int(attrs.get("max_restarts") or 0), tee=bool(attrs.get("tee", True)),
+                   rdzv_timeout=int(attrs.get("rdzv_timeout") or os.environ.get("STOKER_RDZV_TIMEOUT")
+                                    or attrs.get("all_nodes_started_timeout") or 600),
                    resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
                    options={k: v for k, v in (batch.attributes if batch else {}).items() if v is not None},
                    store_url=current.get("store_url"),
@@ -152,6 +155,8 @@ class TorchrunHelper:
                f"--nproc_per_node={nproc_per_node or self.resolved_nproc()[0]}",
                f"--master_addr={self.master_addr}", f"--master_port={self.master_port}",
                f"--max_restarts={self.max_restarts}"]
+        if self.nnodes > 1:  # nodes of a cluster job may start minutes apart (image pulls)
+            cmd += [f"--rdzv_conf=timeout={self.rdzv_timeout}"]
         if self.tee:
             cmd += ["--tee=3"]  # every rank's output, prefixed with its rank, on this node's log
         cmd += (["-m", entrypoint] if is_module else [entrypoint]) + _args_list(args)

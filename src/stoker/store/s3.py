@@ -82,12 +82,26 @@ class S3BlobStore(BlobStore):
     def _cache_file(self, key: str) -> Path:
         return self._cache_blobs / key[:2] / key
 
+    def _absent(self, err: Exception, s3key: str) -> bool:
+        """Is `s3key` missing? S3 answers 403, not 404, for a missing key to a caller who may read objects but
+        not list the whole bucket (a job role limited to the store's prefix): a listing of the key settles it."""
+        if _is_missing(err):
+            return True
+        code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+        if code not in ("403", "AccessDenied", "Forbidden"):
+            return False
+        try:
+            found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=s3key, MaxKeys=1).get("Contents", [])
+        except Exception:  # noqa: BLE001 - cannot list either: it is a real permission problem
+            return False
+        return not any(o.get("Key") == s3key for o in found)
+
     def _head(self, s3key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=s3key)
             return True
         except Exception as e:
-            if _is_missing(e):
+            if self._absent(e, s3key):
                 return False
             with _s3_errors(f"checking {s3key}", self.url):
                 raise
@@ -180,7 +194,7 @@ class S3BlobStore(BlobStore):
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=s3key)
         except Exception as e:
-            if _is_missing(e):
+            if self._absent(e, s3key):
                 raise StoreError(missing) from None
             with _s3_errors(f"reading {what}", self.url):
                 raise

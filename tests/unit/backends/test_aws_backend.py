@@ -118,6 +118,9 @@ def test_queued_states_and_blocked_jobs():
     blocked = status_of({"status": "RUNNABLE", "statusReason": "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - The job "
                          "resource requirement (vCPU/memory/GPU) is higher than that can be met by the CE(s)"})
     assert blocked.blocked and "MISCONFIGURATION" in blocked.reason
+    gang = job_status({"status": "RUNNABLE", "statusReason": "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE"},
+                      {i: {"status": "PENDING"} for i in range(4)})
+    assert all(gang.member(i).blocked for i in range(4)), "child jobs already listed are blocked too"
     waiting = status_of({"status": "RUNNABLE", "statusReason": "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"})
     assert not waiting.blocked, "no capacity now is worth waiting for"
     assert status_of({"status": "SUCCEEDED"}).exit_code == 0

@@ -140,3 +140,25 @@ def test_dry_run_text_is_json_of_both_requests():
     doc = json.loads(text)
     assert set(doc) == {"RegisterJobDefinition", "SubmitJob"}
     assert doc["SubmitJob"]["jobDefinition"] == doc["RegisterJobDefinition"]["jobDefinitionName"]
+
+
+def test_an_accelerator_step_gets_the_whole_node_unless_told():
+    """Batch's defaults (1 vCPU, 4096 MiB) would starve a node of 16 Trainium devices."""
+    jd, _, _ = render_requests(make_unit("gang", 2, options=batch(trainium=16, efa=8)), OPTS)
+    reqs = jd["nodeProperties"]["nodeRangeProperties"][0]["container"]["resourceRequirements"]
+    # fits every type that has 16 Trainium devices and 8 EFA interfaces (trn1n.32xlarge: the least ECS memory)
+    assert {"type": "MEMORY", "value": "507510"} in reqs and {"type": "VCPU", "value": "128"} in reqs
+    told, _, _ = render_requests(make_unit("task", 1, options=batch(gpu=1, memory=8000)), OPTS)
+    reqs = told["containerProperties"]["resourceRequirements"]
+    assert {"type": "MEMORY", "value": "8000"} in reqs and {"type": "VCPU", "value": "4"} in reqs  # g5.xlarge
+    plain, _, _ = render_requests(make_unit("task", 1), OPTS)
+    assert {"type": "MEMORY", "value": "4096"} in plain["containerProperties"]["resourceRequirements"]
+
+
+def test_nodes_get_the_region_an_init_process_and_a_long_rendezvous(monkeypatch):
+    monkeypatch.delenv("STOKER_RDZV_TIMEOUT", raising=False)
+    jd, sub, _ = render_requests(make_unit("gang", 2), OPTS)
+    env = {e["name"]: e["value"] for e in sub["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"][
+        "environment"]}
+    assert env["AWS_REGION"] == "us-east-1" and env["STOKER_RDZV_TIMEOUT"] == "3600"
+    assert jd["nodeProperties"]["nodeRangeProperties"][0]["container"]["linuxParameters"]["initProcessEnabled"]

@@ -214,6 +214,12 @@ def test_the_helper_reads_batch_resources_and_torchrun_settings():
     assert "--nnodes=4" in cmd and "--node_rank=2" in cmd and "--nproc_per_node=32" in cmd
     assert "--master_addr=10.0.0.1" in cmd and "--master_port=41000" in cmd
     assert cmd[-4:] == ["run_llama_nxd.py", "--tensor_parallel_size", "8", "--use_zero_1"]
+    assert "--rdzv_conf=timeout=600" in cmd, "@torchrun's all_nodes_started_timeout bounds the rendezvous"
+    os.environ["STOKER_RDZV_TIMEOUT"] = "3600"  # what the Batch backend gives the nodes of a multi-node job
+    try:
+        assert "--rdzv_conf=timeout=3600" in TorchrunHelper.for_task(Steps.train, par).command("x.py")
+    finally:
+        del os.environ["STOKER_RDZV_TIMEOUT"]
     other = TorchrunHelper.for_task(Steps.other, par)
     assert other.resolved_nproc() == (3, "@torchrun(nproc_per_node=...)") and other.neuron_cache is None
 

@@ -116,3 +116,36 @@ def test_endpoint_from_environment_and_missing_bucket(endpoint, client, monkeypa
     absent = open_store("s3://no-such-bucket", client=client, cache_dir=tmp_path / "c")
     with pytest.raises(StoreError, match="Check the bucket exists"):
         absent.write("a", b"1")
+
+
+class _PrefixOnlyRole:
+    """A client as a job role limited to the store's prefix sees S3: a missing key answers 403, not 404 (S3
+    does so without s3:ListBucket on the bucket). moto enforces no IAM, so the 403 is made here, from moto's
+    own 404; everything else is moto's."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def __getattr__(self, name):
+        fn = getattr(self.client, name)
+        if name not in ("head_object", "get_object"):
+            return fn
+
+        def call(**kw):
+            try:
+                return fn(**kw)
+            except self.client.exceptions.ClientError as e:
+                if e.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+                    raise self.client.exceptions.ClientError(
+                        {"Error": {"Code": "403", "Message": "Forbidden"}}, name) from None
+                raise
+        return call
+
+
+def test_a_missing_key_seen_as_403_is_missing(client, tmp_path):
+    s3 = open_store("s3://stoker-test/team/proj", client=_PrefixOnlyRole(client), cache_dir=tmp_path / "cache")
+    assert not s3.exists("runs/F/1/nothing")
+    key = s3.put_bytes(b"payload")  # checks whether the blob is there first
+    assert s3.get_bytes(key) == b"payload" and s3.exists("runs/F/1/nothing") is False
+    with pytest.raises(StoreError, match="does not exist"):
+        s3.read("runs/F/1/nothing")

@@ -25,6 +25,7 @@ from ...runtime.executor import Unit
 from .decorator import node_resources
 
 TIMEOUT_MARGIN_S = 300  # the scheduler enforces @timeout; Batch's attempt timeout is the backstop behind it
+GANG_RDZV_TIMEOUT_S = 3600  # how long the nodes of a multi-node job wait for each other
 ENV_PASSED = ("STOKER_S3_ENDPOINT_URL", "STOKER_LOG_UPLOAD_INTERVAL")  # non-secret settings the nodes need too
 
 
@@ -84,10 +85,30 @@ def _name(text: str, limit: int = 128) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", text)[:limit]
 
 
+def whole_node(res: dict[str, int], names: list[str]) -> dict[str, int] | None:
+    """The vCPUs and ECS memory every instance type that can take these devices has (the given types, else
+    every type stoker knows): what an accelerator step gets when it does not say, instead of Batch's 1 vCPU
+    and 4096 MiB, which would starve a node of 16 Trainium devices."""
+    from .instances import INSTANCE_TYPES, fits, instance_type
+
+    pool = [t for t in (instance_type(n) for n in names) if t] or list(INSTANCE_TYPES.values())
+    ok = [t for t in pool if fits(t, gpu=res["gpu"], trainium=res["trainium"], inferentia=res["inferentia"],
+                                  efa=res["efa"]) is None]
+    if not ok:
+        return None
+    return {"cpu": min(t.vcpus for t in ok), "memory": min(t.ecs_memory_mib for t in ok)}
+
+
 def step_settings(unit: Unit, opts: BatchOptions) -> dict[str, Any]:
     """@batch merged with @resources and the backend's defaults: what the job definition is made of."""
     o = unit.options
     res = node_resources(o, unit.resources)
+    itype = o.get("instance_type") or (opts.instance_types[0] if len(opts.instance_types) == 1 else None)
+    if res["trainium"] or res["inferentia"] or res["gpu"]:  # an accelerator node: all of it, unless told
+        whole = whole_node(res, [itype] if itype else opts.instance_types)
+        for key in ("cpu", "memory"):
+            if whole and o.get(key) is None and unit.resources.get(key) is None:
+                res[key] = whole[key]
     return {
         **res,
         "image": o.get("image") or opts.image,
@@ -113,7 +134,9 @@ def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, A
         c["jobRoleArn"] = s["job_role"]
     if s["execution_role"]:
         c["executionRoleArn"] = s["execution_role"]
-    linux: dict[str, Any] = {}
+    # an init process as PID 1: it forwards SIGTERM (TerminateJob, @timeout) so the node can stop torchrun
+    # and upload its logs and compile cache; a plain PID 1 ignores SIGTERM until ECS's SIGKILL
+    linux: dict[str, Any] = {"initProcessEnabled": True}
     neuron = s["trainium"] or s["inferentia"]
     devices = [f"/dev/neuron{i}" for i in range(neuron)] + [f"/dev/infiniband/uverbs{i}" for i in range(s["efa"])]
     if devices:
@@ -128,8 +151,7 @@ def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, A
     if o.get("max_swap") is not None:
         linux["maxSwap"] = o["max_swap"]
         linux["swappiness"] = 60 if o.get("swappiness") is None else o["swappiness"]
-    if linux:
-        c["linuxParameters"] = linux
+    c["linuxParameters"] = linux
     if neuron or s["efa"] or unit.kind == "gang":
         c["ulimits"] = [{"name": "memlock", "softLimit": -1, "hardLimit": -1}]
     vols = o.get("host_volumes") or []
@@ -166,7 +188,13 @@ def submit_request(unit: Unit, opts: BatchOptions, definition: str) -> dict[str,
     """SubmitJob parameters for one unit (the blob keys as parameters, the environment as overrides)."""
     s = step_settings(unit, opts)
     first = unit.specs[0]
-    env = {**{k: os.environ[k] for k in ENV_PASSED if os.environ.get(k)}, **unit.env}
+    env = {k: os.environ[k] for k in ENV_PASSED if os.environ.get(k)}
+    region = opts.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:  # the nodes' S3 and CloudWatch clients need it; the container has no profile
+        env.update(AWS_REGION=region, AWS_DEFAULT_REGION=region)
+    if unit.kind == "gang":  # Batch starts the other nodes after the main one runs, each pulling the image
+        env["STOKER_RDZV_TIMEOUT"] = os.environ.get("STOKER_RDZV_TIMEOUT", str(GANG_RDZV_TIMEOUT_S))
+    env.update(unit.env)
     overrides = {"environment": [{"name": k, "value": str(v)} for k, v in sorted(env.items())]}
     req: dict[str, Any] = {
         "jobName": _name(f"{unit.flow}-{unit.run_id}-{unit.step}-{first.task_id}-a{unit.attempt}"),

@@ -70,6 +70,10 @@ def job_status(parent: dict[str, Any], nodes: dict[int, dict[str, Any]]) -> JobS
             m.reason = f"node {i}: exit code {m.exit_code}" + (f" ({m.reason})" if m.reason else "")
         st.members[i] = m
         st.hosts += [h for h in m.hosts if h not in st.hosts]
+    if st.blocked:  # the job will never start as submitted: so will none of its nodes
+        for m in st.members.values():
+            if m.state == QUEUED:
+                m.blocked, m.reason = True, st.reason
     failed = [i for i, m in sorted(st.members.items()) if m.state == EXITED and m.exit_code]
     if st.state == EXITED and st.exit_code and failed:
         first = st.members[failed[0]]
