@@ -5,7 +5,9 @@ What moto does not model is stood in for here, and those requests are checked ag
 - EC2 placement groups (moto implements none): `PlacementGroups` keeps them in memory;
 - a compute environment without `securityGroupIds` (what Batch requires when the launch template carries EFA
   interfaces; moto insists on them): `BatchCompat` hands moto the launch template's group and hides it again;
-- moto ignores `computeResources` in UpdateComputeEnvironment: updates are checked by the request sent.
+- moto ignores `computeResources` in UpdateComputeEnvironment: updates are checked by the request sent;
+- moto's Batch jobs end (SUCCEEDED) as soon as they are submitted: `Loopback.live` holds the jobs a test wants
+  still running, and `BatchCompat.list_jobs` answers for them, one job per page (to exercise pagination).
 Every other request goes through boto3's own parameter validation to moto and is recorded for the asserts.
 """
 
@@ -78,13 +80,30 @@ class Ec2WithPlacementGroups:
 
 
 class BatchCompat:
-    """moto's Batch, given the security group it insists on when the launch template carries it."""
+    """moto's Batch, given the security group it insists on when the launch template carries it, and with jobs
+    that have not ended (`live`: job id -> status) where moto's all ended at once."""
 
-    def __init__(self, batch: Any, ec2: Any, calls: list, added: set) -> None:
-        self._batch, self._ec2, self._calls, self._added = batch, ec2, calls, added
+    def __init__(self, batch: Any, ec2: Any, calls: list, added: set, live: dict[str, str]) -> None:
+        self._batch, self._ec2, self._calls, self._added, self._live = batch, ec2, calls, added, live
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._batch, name)
+
+    def list_jobs(self, **params: Any) -> dict:
+        validate(self._batch, "ListJobs", params)
+        self._calls.append(("batch", "ListJobs*", params))
+        summaries = self._batch.list_jobs(jobQueue=params["jobQueue"])["jobSummaryList"]  # every status
+        mine = [{**j, "status": self._live[j["jobId"]]} for j in summaries
+                if self._live.get(j["jobId"]) == params["jobStatus"]]
+        start = int(params.get("nextToken", 0))
+        page = {"jobSummaryList": mine[start:start + 1]}
+        if start + 1 < len(mine):
+            page["nextToken"] = str(start + 1)
+        return page
+
+    def terminate_job(self, **params: Any) -> dict:
+        self._live.pop(params["jobId"], None)
+        return self._batch.terminate_job(**params)
 
     def create_compute_environment(self, **params: Any) -> dict:
         validate(self._batch, "CreateComputeEnvironment", params)
@@ -120,6 +139,7 @@ class Loopback:
         self.calls: list[tuple[str, str, dict]] = []
         self.placement = PlacementGroups()
         self.added: set[str] = set()
+        self.live: dict[str, str] = {}  # job id -> status: jobs stood in as not ended (moto's end at once)
         self.fail: dict[str, Exception] = {}  # operation -> error to raise instead of calling
         import boto3
 
@@ -139,7 +159,7 @@ class Loopback:
             if service == "ec2":
                 return Ec2WithPlacementGroups(client, self.placement, self.calls)
             if service == "batch":
-                return BatchCompat(client, self.raw_ec2, self.calls, self.added)
+                return BatchCompat(client, self.raw_ec2, self.calls, self.added, self.live)
             return client
 
         return Clients("us-east-1", factory=factory)
@@ -279,7 +299,7 @@ def test_apply_twice_then_destroy_leaves_nothing(full):
                      ("DeleteLaunchTemplate", None), ("DeletePlacementGroup", None),
                      ("RemoveRoleFromInstanceProfile", None), ("DeleteInstanceProfile", None),
                      ("DeleteRolePolicy", None), ("DeleteRole", None),  # job role
-                     ("DetachRolePolicy", None), ("DeleteRolePolicy", None), ("DeleteRole", None),  # instance
+                     ("DetachRolePolicy", None), ("DeleteRole", None),  # instance role: no inline policy
                      ("DeleteSecurityGroup", None), ("DeleteRepository", None)], order
     assert gone.kept == ["S3 bucket stoker-test-bucket"]
     # waits: the queue and the compute environment were seen DISABLED before their deletion
@@ -306,9 +326,14 @@ def test_policies_stoker_creates_pass_the_least_privilege_check(full):
             pol = iam.get_policy(PolicyArn=p["PolicyArn"])["Policy"]
             docs.append(iam.get_policy_version(PolicyArn=pol["Arn"], VersionId=pol["DefaultVersionId"])[
                 "PolicyVersion"]["Document"])
-    assert len(docs) == 3  # job: store; instance: ECR pull + AmazonEC2ContainerServiceforEC2Role
+    assert len(docs) == 2  # job: store; instance: AmazonEC2ContainerServiceforEC2Role, nothing inline
     for doc in docs:
         assert check_least_privilege(doc) == [], doc
+    # why the instance role needs no ECR grant of its own: AWS's policy allows the pulls on every repository
+    assert iam.list_role_policies(RoleName="stoker-instance-role")["PolicyNames"] == []
+    (ecs,) = [d["Statement"][0] for d in docs if "ecs:Poll" in json.dumps(d)]
+    assert ecs["Resource"] == "*" and {"ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+                                       "ecr:BatchCheckLayerAvailability"} <= set(ecs["Action"])
     job = iam.get_role_policy(RoleName="stoker-job-role", PolicyName="stoker-store")["PolicyDocument"]
     resources = json.dumps([s["Resource"] for s in job["Statement"]])
     assert "arn:aws:s3:::stoker-test-bucket/stoker/*" in resources and "s3:::*" not in resources
@@ -443,6 +468,140 @@ def test_resources_in_the_way_and_existing_ones(full):
     assert not [r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith("stoker")]
 
 
+def _submit(loop: Loopback, name: str, flow: str | None = None, run: str | None = None) -> str:
+    batch = loop.aws.client("batch")
+    if not batch.describe_job_definitions(jobDefinitionName="hello", status="ACTIVE")["jobDefinitions"]:
+        batch.register_job_definition(jobDefinitionName="hello", type="container", containerProperties={
+            "image": "busybox", "command": ["true"], "resourceRequirements": [
+                {"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "128"}]})
+    tags = {"stoker:flow": flow, "stoker:run": run} if flow else {}
+    return batch.submit_job(jobName=name, jobQueue="stoker-queue", jobDefinition="hello", tags=tags)["jobId"]
+
+
+def test_destroy_refuses_while_jobs_run_and_changes_nothing(full):
+    """Deleting a job queue terminates every job in it: destroy names the jobs that have not ended and how to stop
+    them, and changes nothing; `terminate_jobs` terminates them and destroys the rest."""
+    loop = full
+    cfg = config(loop, instance_types=["c5.4xlarge"], max_vcpus=64, placement_group=False)
+    apply(cfg, loop.clients())
+    train = _submit(loop, "Pretrain-17-train-2-a1", "Pretrain", "17")
+    rank = _submit(loop, "Pretrain-17-eval-3-a1", "Pretrain", "17")
+    theirs = _submit(loop, "their-job")
+    done = _submit(loop, "Pretrain-16-start-1-a1", "Pretrain", "16")  # ended: not in the way
+    loop.live.update({train: "RUNNING", rank: "RUNNABLE", theirs: "SUBMITTED"})
+    before = state_path("stoker").read_text()
+    loop.calls.clear()
+    with pytest.raises(ConfigError) as e:
+        destroy(name="stoker", clients=loop.clients())
+    msg = str(e.value)
+    for words in ("job queue stoker-queue holds 3 jobs that have not ended",
+                  "deleting the queue terminates every job in it",
+                  f"{train} (Pretrain-17-train-2-a1, RUNNING)", f"{rank} (Pretrain-17-eval-3-a1, RUNNABLE)",
+                  f"{theirs} (their-job, SUBMITTED)", "Nothing was changed", "`stoker kill Pretrain/17`",
+                  "aws batch terminate-job", "or wait until they end", "--terminate-jobs"):
+        assert words in msg, (words, msg)
+    assert done not in msg and "Pretrain/16" not in msg
+    # every status asked, every page read (one job per page here)
+    statuses = {p["jobStatus"] for p in loop.requests("ListJobs*")}
+    assert statuses == {"SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING"}
+    loop.live.update({rank: "RUNNING"})  # two on one status: two pages
+    loop.calls.clear()
+    with pytest.raises(ConfigError, match="holds 3 jobs"):
+        destroy(name="stoker", clients=loop.clients())
+    running = [p for p in loop.requests("ListJobs*") if p["jobStatus"] == "RUNNING"]
+    assert [p.get("nextToken") for p in running] == [None, "1"]
+    assert loop.mutations() == [] and state_path("stoker").read_text() == before
+    assert "stoker-queue" in loop.leftovers() and "stoker-ce" in loop.leftovers()
+
+    loop.calls.clear()
+    lines: list[str] = []
+    gone = destroy(name="stoker", clients=loop.clients(), terminate_jobs=True, report=lines.append)
+    assert "- terminating 3 jobs of job queue stoker-queue" in lines[0]
+    ops = [o for _, o, _ in loop.mutations()]
+    assert ops[:4] == ["TerminateJob"] * 3 + ["UpdateJobQueue"]
+    assert {p["jobId"] for p in loop.requests("TerminateJob")} == {train, rank, theirs}
+    assert all("stoker infra destroy --terminate-jobs" in p["reason"] for p in loop.requests("TerminateJob"))
+    assert "job queue stoker-queue" in gone.deleted and loop.leftovers() == ["stoker-test-bucket"]
+
+
+def test_destroy_without_jobs_in_the_way_terminates_nothing(full):
+    loop = full
+    apply(config(loop, instance_types=["c5.4xlarge"], max_vcpus=64, placement_group=False), loop.clients())
+    _submit(loop, "Pretrain-16-start-1-a1", "Pretrain", "16")  # moto's jobs end at once
+    loop.calls.clear()
+    destroy(name="stoker", clients=loop.clients())
+    assert not loop.requests("TerminateJob") and loop.leftovers() == ["stoker-test-bucket"]
+
+
+def test_default_security_group_checked_for_multi_node_jobs(loop):
+    """With EFA the compute environment names no security group, so Batch gives the nodes' awsvpc interfaces the
+    VPC's default group: plan says when it would keep the nodes of a gang apart, with the commands that fix it."""
+    ec2 = loop.aws.client("ec2")
+    vpc = ec2.describe_subnets(SubnetIds=[loop.subnet])["Subnets"][0]["VpcId"]
+    (default,) = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                       {"Name": "group-name", "Values": ["default"]}])["SecurityGroups"]
+    sg = default["GroupId"]
+
+    def warned() -> list[str]:
+        return [w for w in make_plan(config(loop), loop.clients()).ctx.warnings if "default security group" in w]
+
+    # moto's default group has no ingress rule (AWS's has the self rule, but many accounts strip it)
+    (w,) = warned()
+    ingress = (f"aws ec2 authorize-security-group-ingress --region us-east-1 --group-id {sg} "
+               f"--ip-permissions 'IpProtocol=-1,UserIdGroupPairs=[{{GroupId={sg}}}]'")
+    assert sg in w and vpc in w and "all traffic from itself" in w and f"`{ingress}`" in w
+    assert "all traffic out" not in w
+    ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg}]}])  # what the command does
+    assert warned() == []
+    ec2.revoke_security_group_egress(GroupId=sg, IpPermissions=[
+        {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    (w,) = warned()
+    assert "all traffic out" in w and "all traffic from itself" not in w
+    assert (f"`aws ec2 authorize-security-group-egress --region us-east-1 --group-id {sg} "
+            "--ip-permissions 'IpProtocol=-1,IpRanges=[{CidrIp=0.0.0.0/0}]'`") in w
+    # without EFA the compute environment names stoker's group, which the task interfaces get: no check
+    plain = make_plan(config(loop, instance_types=["c5.4xlarge"], max_vcpus=64, placement_group=False),
+                      loop.clients())
+    assert not [w for w in plain.ctx.warnings if "default security group" in w]
+    assert loop.mutations() == []
+
+
+def test_spot_is_single_node_only(full):
+    loop = full
+    # with a placement group or EFA: plan and apply refuse before any AWS call
+    for run in (make_plan, apply):
+        with pytest.raises(ConfigError, match="spot = true: AWS Batch does not run multi-node parallel jobs"):
+            run(config(loop, spot=True), loop.clients())
+    assert loop.calls == [] and not state_path("stoker").exists()
+    # without: planned, with a word on what the queue can run
+    single = config(loop, spot=True, instance_types=["c5.4xlarge"], max_vcpus=64, placement_group=False)
+    p = make_plan(single, loop.clients())
+    assert any("single-node jobs only" in w for w in p.ctx.warnings)
+    # an infra applied before the rule (its state says spot with a placement group) can still be destroyed
+    apply(single, loop.clients())
+    state = State.load("stoker")
+    state.data["config"].update(spot=True, placement_group=True)
+    state.save()
+    destroy(name="stoker", clients=loop.clients(), delete_bucket=True)
+    assert loop.leftovers() == []
+
+
+def test_instance_role_loses_the_inline_ecr_grant_earlier_versions_added(full):
+    loop = full
+    cfg = config(loop, instance_types=["c5.4xlarge"], max_vcpus=64, placement_group=False)
+    apply(cfg, loop.clients())
+    iam = loop.aws.client("iam")
+    iam.put_role_policy(RoleName="stoker-instance-role", PolicyName="stoker-ecr-pull", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ecr:BatchGetImage",
+                                                 "Resource": "arn:aws:ecr:us-east-1:123456789012:repository/stoker"}]}))
+    change = {c.resource.key: c for c in make_plan(cfg, loop.clients()).changes}["instance_role"]
+    assert change.action == "update" and change.diffs == ["inline policy stoker-ecr-pull: remove (not in the plan)"]
+    apply(cfg, loop.clients())
+    assert iam.list_role_policies(RoleName="stoker-instance-role")["PolicyNames"] == []
+    destroy(cfg, clients=loop.clients(), delete_bucket=True)
+
+
 def _cli(*argv: str) -> int:
     import argparse
 
@@ -482,7 +641,7 @@ def test_cli_init_plan_apply_status_destroy(full, tmp_path, capsys, monkeypatch)
     assert {r["owner"] for r in status["resources"] if r["name"].startswith("stoker")} == {"stoker"}
     assert _cli("infra", "destroy") == 1  # not a terminal: asks for --yes
     assert "--yes" in capsys.readouterr().err
-    assert _cli("infra", "destroy", "--yes", "--delete-bucket") == 0
+    assert _cli("infra", "destroy", "--yes", "--delete-bucket", "--terminate-jobs") == 0  # no jobs to terminate
     assert "destroyed 9 resources" in capsys.readouterr().out
     assert loop.leftovers() == []
 

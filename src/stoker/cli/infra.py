@@ -57,6 +57,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--delete-bucket", action="store_true",
                    help="also delete stoker's S3 bucket and EVERY object in it (the store)")
     p.add_argument("--force", action="store_true", help="delete the ECR repository even when it holds images")
+    p.add_argument("--terminate-jobs", action="store_true",
+                   help="terminate the job queue's jobs that have not ended (without it destroy refuses while "
+                        "there are any, and changes nothing)")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for AWS at each step (900)")
     p.set_defaults(fn=cmd_destroy)
@@ -146,7 +149,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
             return 1
     console = _console()
     result = destroy(cfg, name=args.name, delete_bucket=args.delete_bucket, force=args.force,
-                     report=_say(console), timeout=args.timeout)
+                     terminate_jobs=args.terminate_jobs, report=_say(console), timeout=args.timeout)
     console.print(Text(f"destroyed {len(result.deleted)} resources" + (
         f"; kept {', '.join(result.kept)}" if result.kept else ""), style="bold"))
     return 0

@@ -85,6 +85,25 @@ def test_config_errors_name_the_key_and_the_fix(kw, words):
         assert w in str(e.value), (w, str(e.value))
 
 
+@pytest.mark.parametrize("kw, words", [
+    ({}, ["spot = true", "multi-node parallel jobs", "Spot", "placement_group and efa = true", "set spot = false",
+          "placement_group = false and efa = false"]),
+    ({"placement_group": False}, ["spot = true", ", and efa = true is there"]),
+    ({"instance_types": ["c5.4xlarge"], "max_vcpus": 64}, ["spot = true", ", and placement_group = true is there"]),
+])
+def test_spot_refused_where_the_infra_is_made_for_multi_node_jobs(kw, words):
+    """Batch runs no multi-node parallel job on Spot: plan and apply refuse it (loading does not, so that an infra
+    applied before the rule can still be destroyed)."""
+    c = cfg(spot=True, **kw)
+    with pytest.raises(ConfigError) as e:
+        c.check_creatable()
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    cfg(spot=True, instance_types=["c5.4xlarge"], max_vcpus=64, placement_group=False).check_creatable()
+    cfg(spot=True, placement_group=False, efa=False).check_creatable()
+    cfg().check_creatable()
+
+
 def test_config_defaults_follow_the_instance_types():
     trn = cfg()
     assert trn.kind == "neuron" and trn.efa_interfaces == 8 and "neuron" in trn.ami_source
@@ -133,7 +152,7 @@ def test_launch_template_has_one_efa_interface_per_network_card(itype, vcpus, ca
     assert [n["NetworkCardIndex"] for n in nics] == list(range(cards))
     assert [n["DeviceIndex"] for n in nics] == [0] + [1] * (cards - 1) if cards else True
     assert all(n["InterfaceType"] == "efa" and n["Groups"] == ["sg-0123456789abcdef0"] for n in nics)
-    assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 2,
+    assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1,
                                        "HttpEndpoint": "enabled"}
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeType"] == "gp3"
@@ -151,7 +170,7 @@ def test_launch_template_has_one_efa_interface_per_network_card(itype, vcpus, ca
 
 def test_compute_environment_image_type_spot_and_no_placement_group():
     gpu = compute_environment_request(cfg(instance_types=["p4d.24xlarge"], max_vcpus=384, spot=True,
-                                          placement_group=False), facts())
+                                          placement_group=False, efa=False), facts())
     res = gpu["computeResources"]
     assert res["ec2Configuration"] == [{"imageType": "ECS_AL2023_NVIDIA", "imageIdOverride": "ami-0123456789abcdef0"}]
     assert res["type"] == "SPOT" and res["allocationStrategy"] == "SPOT_PRICE_CAPACITY_OPTIMIZED"
@@ -166,6 +185,30 @@ def _user_data_text(c: InfraConfig) -> str:
     parts = msg.get_payload()
     assert [p.get_content_type() for p in parts] == ["text/x-shellscript"]
     return parts[0].get_payload()
+
+
+@pytest.mark.parametrize("itype, vcpus", [("trn1.32xlarge", 512), ("c5.4xlarge", 64)])
+def test_containers_get_no_instance_metadata(itype, vcpus):
+    """Hop limit 1 (a container one hop away gets no IMDSv2 token), and the ECS agent blocks IMDS for awsvpc
+    containers (multi-node jobs) and hands them the job role: nothing in a container reaches the instance role."""
+    c = cfg(instance_types=[itype], max_vcpus=vcpus)
+    meta = launch_template_data(c, facts())["MetadataOptions"]
+    assert meta["HttpPutResponseHopLimit"] == 1 and meta["HttpTokens"] == "required"
+    script = _user_data_text(c)
+    # appended, never overwritten: Batch's own user data part writes ECS_CLUSTER to the same file
+    assert "cat >> /etc/ecs/ecs.config <<'EOF'\nECS_AWSVPC_BLOCK_IMDS=true\nECS_ENABLE_TASK_IAM_ROLE=true\nEOF" in script
+    assert "> /etc/ecs/ecs.config" not in script.replace(">> /etc/ecs/ecs.config", "")
+
+
+def test_open_egress_and_self_rule():
+    from stoker.backends.aws.infra.spec import has_open_egress, has_self_rule
+
+    assert has_open_egress([{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    assert not has_open_egress([{"IpProtocol": "tcp", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    assert not has_open_egress([{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "10.0.0.0/8"}]}])
+    assert not has_open_egress([])
+    assert has_self_rule([{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1"}]}], "sg-1")
+    assert not has_self_rule([{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-2"}]}], "sg-1")
 
 
 def test_user_data_installs_only_the_drivers_the_types_need():
@@ -205,8 +248,12 @@ def test_subset_diff_ignores_what_aws_adds_and_names_what_differs():
 
 def test_every_policy_stoker_creates_is_least_privilege():
     job = job_role_policy("my-bucket", "stoker", "/aws/batch/job", region="us-east-1", account="123456789012")
-    inline = instance_role_policies("arn:aws:ecr:us-east-1:123456789012:repository/stoker")["inline"]
-    for doc in [job, *inline.values(), trust_policy("ec2.amazonaws.com")]:
+    instance = instance_role_policies()
+    # AmazonEC2ContainerServiceforEC2Role already allows the ECR pulls on "*": an inline grant would add nothing
+    assert instance == {"managed": ["arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"],
+                        "inline": {}}
+    assert instance_role_policies(partition="aws-cn")["managed"][0].startswith("arn:aws-cn:iam::aws:policy/")
+    for doc in [job, trust_policy("ec2.amazonaws.com")]:
         assert check_least_privilege(doc) == [], doc
         validate("iam", "PutRolePolicy", {"RoleName": "r", "PolicyName": "p", "PolicyDocument": json.dumps(doc)})
     objects, listing, logs = job["Statement"]

@@ -4,7 +4,9 @@ apply: plan, refuse before any change if something is in the way, then create wh
 differs, in dependency order. Each resource is recorded in the state the moment AWS creates it, so a failure
 half-way leaves nothing untracked (`destroy` removes it, a second `apply` carries on).
 
-destroy: only what is stoker's (`Resource.owned`: tagged `stoker:infra=<name>`, or recorded as created by stoker
+destroy: first the job queue's jobs that have not ended (deleting a queue terminates every job in it): with any,
+destroy refuses before changing anything, naming them, unless `terminate_jobs` (then it terminates them). Then
+only what is stoker's (`Resource.owned`: tagged `stoker:infra=<name>`, or recorded as created by stoker
 and carrying no other infra's tag), newest first: job queue (disable, wait, delete), compute environment (disable,
 wait until settled, delete, wait until gone), launch template, placement group, instance profile, roles, security
 group, ECR repository (`force` deletes its images), and the bucket only with `delete_bucket`.
@@ -18,6 +20,7 @@ from typing import Any
 
 from ....errors import BackendError, ConfigError, StokerError
 from .base import Clients, Context
+from .compute import JobQueue
 from .config import LOG_GROUP, InfraConfig, from_dict
 from .plan import ORDER, Plan, make_plan, open_context
 from .state import State, default_name
@@ -108,12 +111,42 @@ def context_for(cfg: InfraConfig | None, name: str | None, clients: Clients | No
     return open_context(cfg, clients, report, **kw)
 
 
+def live_jobs_check(ctx: Context, terminate_jobs: bool) -> None:
+    """Refuse (nothing changed) while stoker's job queue holds jobs that have not ended, naming them and how to
+    stop them; with `terminate_jobs`, terminate them."""
+    queue = JobQueue(ctx)
+    actual = queue.read()
+    if actual is None or not queue.owned(actual):
+        return  # no queue, or not stoker's: destroy leaves it and its jobs alone
+    jobs = queue.live_jobs()
+    if not jobs:
+        return
+    shown = "; ".join(f"{j['jobId']} ({j['jobName']}, {j['status']})" for j in jobs[:10])
+    shown += f"; and {len(jobs) - 10} more" if len(jobs) > 10 else ""
+    if terminate_jobs:
+        ctx.report(f"- terminating {len(jobs)} jobs of {queue.label}: {shown}")
+        queue.terminate(jobs)
+        return
+    runs = sorted({f"{j['tags']['stoker:flow']}/{j['tags']['stoker:run']}" for j in jobs
+                   if j["tags"].get("stoker:flow") and j["tags"].get("stoker:run")})
+    stop = [f"`stoker kill {r}`" for r in runs]
+    if any(not (j["tags"].get("stoker:flow") and j["tags"].get("stoker:run")) for j in jobs):
+        stop.append("`aws batch terminate-job --job-id ID --reason ...` for jobs stoker did not submit")
+    raise ConfigError(
+        f"{queue.label} holds {len(jobs)} job{'s' if len(jobs) != 1 else ''} that have not ended, and deleting "
+        f"the queue terminates every job in it: {shown}. Nothing was changed. Fix: stop them ({', '.join(stop)}) "
+        "or wait until they end, then run `stoker infra destroy` again; or `stoker infra destroy "
+        "--terminate-jobs` terminates them and destroys the rest")
+
+
 def destroy(cfg: InfraConfig | None = None, *, name: str | None = None, clients: Clients | None = None,
-            delete_bucket: bool = False, force: bool = False, report: Callable[[str], None] | None = None,
-            timeout: float = 900.0) -> Result:
-    """Delete what stoker created for this infra, in dependency order, waiting where AWS must."""
+            delete_bucket: bool = False, force: bool = False, terminate_jobs: bool = False,
+            report: Callable[[str], None] | None = None, timeout: float = 900.0) -> Result:
+    """Delete what stoker created for this infra, in dependency order, waiting where AWS must. Refuses, changing
+    nothing, while the job queue holds jobs that have not ended, unless `terminate_jobs`."""
     ctx = context_for(cfg, name, clients, report, timeout=timeout)
     state, result = ctx.state, Result()
+    live_jobs_check(ctx, terminate_jobs)
     try:
         for cls in reversed(ORDER):
             r = cls(ctx)

@@ -10,6 +10,8 @@ from .base import Actual, Resource, tag_dict
 from .spec import PENDING, compute_environment_request, compute_resources, job_queue_request
 
 UNORDERED = ("instanceTypes", "subnets", "securityGroupIds")
+LIVE_STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")  # not ended: SUCCEEDED, FAILED
+TERMINATE_REASON = "stoker infra destroy --terminate-jobs: the job queue is deleted"
 IAM_PROPAGATION = ("ClientException", "InvalidParameterValueException")
 
 
@@ -192,6 +194,32 @@ class JobQueue(BatchResource):
 
     def delete(self, actual: Actual, *, force: bool = False) -> None:
         self.disable_and_delete(actual)
+
+    def live_jobs(self) -> list[dict[str, Any]]:
+        """The jobs of the queue that have not ended (deleting the queue terminates them): ListJobs per status,
+        every page, then DescribeJobs for their tags (`stoker:flow`, `stoker:run` on stoker's jobs)."""
+        jobs: dict[str, dict[str, Any]] = {}
+        for status in LIVE_STATUSES:
+            params: dict[str, Any] = {"jobQueue": self.name, "jobStatus": status}
+            while True:
+                page = self.ctx.call("batch", "list_jobs", self.label, **params)
+                for j in page.get("jobSummaryList", []):
+                    jobs.setdefault(j["jobId"], {"jobId": j["jobId"], "jobName": j.get("jobName", ""),
+                                                 "status": j.get("status") or status, "tags": {}})
+                if not page.get("nextToken"):
+                    break
+                params["nextToken"] = page["nextToken"]
+        ids = list(jobs)
+        for i in range(0, len(ids), 100):  # DescribeJobs takes up to 100 ids
+            got = self.ctx.call("batch", "describe_jobs", self.label, jobs=ids[i:i + 100])
+            for d in got.get("jobs", []):
+                if d.get("jobId") in jobs:
+                    jobs[d["jobId"]]["tags"] = d.get("tags") or {}
+        return list(jobs.values())
+
+    def terminate(self, jobs: list[dict[str, Any]]) -> None:
+        for j in jobs:
+            self.ctx.call("batch", "terminate_job", self.label, jobId=j["jobId"], reason=TERMINATE_REASON)
 
 
 def _fmt(v: Any) -> str:

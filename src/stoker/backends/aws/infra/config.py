@@ -142,6 +142,19 @@ class InfraConfig:
             if not isinstance(v, str) or k.startswith(("aws:", "stoker:")):
                 raise bad("tags", {k: v}, "tag values are strings; keys may not start with aws: or stoker:")
 
+    def check_creatable(self) -> None:
+        """What `plan` and `apply` refuse before any AWS call, but loading does not: `destroy` and `status` must
+        still read the config of an infra applied before the rule (from its TOML or its state file)."""
+        if self.spot and (self.placement_group or self.efa_interfaces):
+            # refused, not warned: a multi-node job on such a queue would wait in RUNNABLE, or fail, with no word
+            on = " and ".join(k for k, v in (("placement_group", self.placement_group),
+                                             ("efa", bool(self.efa_interfaces))) if v)
+            where = f" in {self.source}" if self.source else ""
+            raise ConfigError(
+                f"spot = true{where}: AWS Batch does not run multi-node parallel jobs (num_parallel gangs) on Spot "
+                f"compute environments, and {on} = true is there for multi-node jobs; set spot = false, or, for a "
+                "queue of single-node jobs only, set placement_group = false and efa = false")
+
     # -- derived -------------------------------------------------------------------------------------------
     @property
     def types(self) -> list[InstanceType]:
@@ -235,6 +248,7 @@ ecr_repository = "stoker"    # the image repository `stoker image` pushes to
 # (Neuron AMI for trn/inf, GPU AMI for p/g).
 # ami = "ssm:/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
 root_volume_gb = 500       # gp3 root volume: images and Neuron compile caches are large
-spot = false
+spot = false               # Spot: single-node jobs only (Batch runs no multi-node job on Spot); needs
+                           # placement_group = false and efa = false
 placement_group = true     # cluster placement group: EFA needs all nodes of a job in one
 '''

@@ -121,8 +121,7 @@ class InstanceRole(Role):
     description = "stoker: Batch compute environment instances (ECS agent, image pulls)"
 
     def policies(self) -> tuple[list[str], dict[str, dict[str, Any]]]:
-        f = self.ctx.facts
-        p = instance_role_policies(f.ecr_arn(self.ctx.cfg.ecr_repository), f.partition)
+        p = instance_role_policies(partition=self.ctx.facts.partition)
         return p["managed"], p["inline"]
 
     def publish(self, actual: Actual | None, changing: bool = False) -> None:

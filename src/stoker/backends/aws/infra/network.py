@@ -3,13 +3,58 @@ launch template (EFA interfaces, IMDSv2, root volume, user data)."""
 
 from __future__ import annotations
 
-from .base import Actual, Resource, tag_dict
-from .spec import PENDING, has_self_rule, launch_template_data, security_group_rules, subset_diff, tag_spec
+from .base import Actual, Context, Resource, tag_dict
+from .spec import (
+    PENDING,
+    has_open_egress,
+    has_self_rule,
+    launch_template_data,
+    security_group_rules,
+    subset_diff,
+    tag_spec,
+)
 
 SG_MISSING = ("InvalidGroup.NotFound", "InvalidGroupId.NotFound", "InvalidGroupId.Malformed")
 EFA_RULE_FIX = ("EFA needs all traffic to and from the group itself: run `aws ec2 authorize-security-group-ingress "
                 "--group-id {sg} --ip-permissions 'IpProtocol=-1,UserIdGroupPairs=[{{GroupId={sg}}}]'` and the same "
                 "with authorize-security-group-egress, or leave security_group out and stoker creates one")
+
+
+def check_default_security_group(ctx: Context) -> None:
+    """Warn when the VPC's default security group would break multi-node jobs.
+
+    Batch runs a multi-node job's containers in awsvpc mode: each node's container gets a network interface of
+    its own, with the compute environment's security groups, or the VPC's default group when it names none
+    (AWS Batch User Guide, "Compute environment considerations for MNP"). With EFA the launch template's
+    interfaces carry stoker's group and the compute environment may name none (Batch refuses both), so the
+    nodes' containers talk to each other (torchrun's rendezvous, NCCL/gloo's TCP bootstrap) and to S3 through
+    the default group: it must allow all traffic from itself and all traffic out.
+    """
+    if not ctx.cfg.efa_interfaces or not ctx.facts.vpc:
+        return  # without EFA the compute environment names stoker's group, which the task interfaces get
+    vpc, region = ctx.facts.vpc, ctx.facts.region
+    got = ctx.call("ec2", "describe_security_groups", f"the default security group of {vpc}",
+                   Filters=[{"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": ["default"]}])
+    groups = got.get("SecurityGroups", [])
+    if not groups:
+        return
+    g = groups[0]
+    sg = g["GroupId"]
+    lacks, fixes = [], []
+    if not has_self_rule(g.get("IpPermissions", []), sg):
+        lacks.append("all traffic from itself (the nodes reach each other)")
+        fixes.append(f"aws ec2 authorize-security-group-ingress --region {region} --group-id {sg} "
+                     f"--ip-permissions 'IpProtocol=-1,UserIdGroupPairs=[{{GroupId={sg}}}]'")
+    if not has_open_egress(g.get("IpPermissionsEgress", [])):
+        lacks.append("all traffic out (the nodes reach each other, S3 and the endpoints)")
+        fixes.append(f"aws ec2 authorize-security-group-egress --region {region} --group-id {sg} "
+                     "--ip-permissions 'IpProtocol=-1,IpRanges=[{CidrIp=0.0.0.0/0}]'")
+    if lacks:
+        ctx.warnings.append(
+            f"the containers of multi-node jobs get {vpc}'s default security group {sg} (Batch gives their awsvpc "
+            "network interfaces the compute environment's groups, and with EFA it names none), and that group "
+            f"does not allow {' nor '.join(lacks)}: the nodes of a gang would not rendezvous. Fix: "
+            + " and ".join(f"`{f}`" for f in fixes))
 
 
 class SecurityGroup(Resource):

@@ -13,7 +13,7 @@ from .base import Actual, Clients, Context, Resource
 from .compute import ComputeEnvironment, JobQueue
 from .config import InfraConfig
 from .iam import InstanceProfile, InstanceRole, JobRole, ServiceLinkedRole
-from .network import LaunchTemplate, PlacementGroup, SecurityGroup
+from .network import LaunchTemplate, PlacementGroup, SecurityGroup, check_default_security_group
 from .spec import Facts
 from .state import State
 from .storage import Bucket, Repository
@@ -97,6 +97,10 @@ def discover(ctx: Context) -> None:
         ctx.warnings.append("instances with several network interfaces get no public IP address: nodes in these "
                             "public subnets cannot pull images unless the subnets route through a NAT gateway "
                             "(or have VPC endpoints for ECR, S3 and CloudWatch Logs); prefer private subnets")
+    if cfg.spot:  # config.py refuses Spot with a placement group or EFA
+        ctx.warnings.append("spot = true: this queue runs single-node jobs only; AWS Batch does not run multi-node "
+                            "parallel jobs (num_parallel gangs) on Spot compute environments")
+    check_default_security_group(ctx)
     f.ami = resolve_ami(ctx)
 
 
@@ -127,6 +131,7 @@ def decide(ctx: Context, r: Resource) -> Change:
 
 
 def make_plan(ctx: Context) -> Plan:
+    ctx.cfg.check_creatable()  # before any AWS call
     discover(ctx)
     changes = []
     for cls in ORDER:

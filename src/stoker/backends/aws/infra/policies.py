@@ -1,7 +1,9 @@
 """The IAM documents `stoker infra` creates, and a least-privilege check every one of them passes.
 
-- instance role (EC2 instances of the compute environment): AWS's AmazonEC2ContainerServiceforEC2Role (the ECS
-  agent: register, pull images, send logs) plus an inline pull-only grant on stoker's ECR repository;
+- instance role (EC2 instances of the compute environment): AWS's AmazonEC2ContainerServiceforEC2Role only (the
+  ECS agent: register, pull images, send logs). That policy already allows the ECR pull actions on every
+  repository ("Resource": "*"), so a pull-only grant scoped to stoker's repository would add nothing and restrict
+  nothing: stoker adds none, and `apply` removes the `stoker-ecr-pull` inline policy earlier versions added;
 - job role (the containers): read, write and delete objects under the store's prefix only, list the bucket only
   under that prefix, and write log events to Batch's log group. Nothing else.
 """
@@ -13,7 +15,6 @@ from typing import Any
 
 VERSION = "2012-10-17"
 ECS_INSTANCE_POLICY = "AmazonEC2ContainerServiceforEC2Role"
-ECR_PULL = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
 STORE_OBJECT_ACTIONS = ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"]
 LOG_ACTIONS = ["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"]
 
@@ -40,19 +41,10 @@ def job_role_policy(bucket: str, prefix: str, log_group: str, *, partition: str 
     ]}
 
 
-def ecr_pull_policy(repository_arn: str) -> dict[str, Any]:
-    # GetAuthorizationToken has no resource-level permissions: "*" is the only resource AWS accepts for it
-    return {"Version": VERSION, "Statement": [
-        {"Sid": "EcrLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
-        {"Sid": "EcrPull", "Effect": "Allow", "Action": ECR_PULL, "Resource": repository_arn},
-    ]}
-
-
-def instance_role_policies(repository_arn: str = "arn:aws:ecr:*:*:repository/*",
-                           partition: str = "aws") -> dict[str, Any]:
-    """{"managed": [policy ARNs to attach], "inline": {name: document}} of the instance role."""
-    return {"managed": [f"arn:{partition}:iam::aws:policy/service-role/{ECS_INSTANCE_POLICY}"],
-            "inline": {"stoker-ecr-pull": ecr_pull_policy(repository_arn)}}
+def instance_role_policies(*, partition: str = "aws") -> dict[str, Any]:
+    """{"managed": [policy ARNs to attach], "inline": {name: document}} of the instance role: the ECS agent's
+    managed policy, which covers image pulls from any repository of the account; no inline policy."""
+    return {"managed": [f"arn:{partition}:iam::aws:policy/service-role/{ECS_INSTANCE_POLICY}"], "inline": {}}
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -34,9 +34,6 @@ class Facts:
     compute_environment_arn: str = PENDING
     ecr_uri: str = PENDING
 
-    def ecr_arn(self, repository: str) -> str:
-        return f"arn:{self.partition}:ecr:{self.region}:{self.account}:repository/{repository}"
-
 
 def tags(cfg: InfraConfig) -> dict[str, str]:
     """Every resource carries these: `stoker:infra` is what destroy trusts."""
@@ -66,13 +63,28 @@ def names(cfg: InfraConfig) -> dict[str, str]:
     }
 
 
+ECS_AGENT_CONFIG = {
+    # containers of multi-node jobs (awsvpc network mode) cannot reach instance metadata, so not the instance role
+    "ECS_AWSVPC_BLOCK_IMDS": "true",
+    # the job role's credentials come from the ECS agent's task credential endpoint (169.254.170.2), not IMDS
+    "ECS_ENABLE_TASK_IAM_ROLE": "true",
+}
+
+
 def user_data_script(cfg: InfraConfig) -> str:
-    """The node bootstrap: memlock unlimited for the containers (EFA and Neuron pin memory), and the EFA and
-    Neuron kernel drivers where the AMI lacks them (checked on the node, so a fresh AMI installs nothing)."""
+    """The node bootstrap: the ECS agent's settings (no instance metadata for awsvpc containers), memlock
+    unlimited for the containers (EFA and Neuron pin memory), and the EFA and Neuron kernel drivers where the AMI
+    lacks them (checked on the node, so a fresh AMI installs nothing)."""
     lines = [
         "#!/bin/bash",
         f"# stoker infra {cfg.name}: node bootstrap, runs before the ECS agent starts taking jobs",
         "set -uxo pipefail",
+        "# ECS agent: containers of multi-node (awsvpc) jobs get the job role from the agent, never the instance",
+        "# role from instance metadata. Appended: Batch's own part of the user data writes ECS_CLUSTER here",
+        "mkdir -p /etc/ecs",
+        "cat >> /etc/ecs/ecs.config <<'EOF'",
+        *(f"{k}={v}" for k, v in ECS_AGENT_CONFIG.items()),
+        "EOF",
         "cat > /etc/security/limits.d/90-stoker-memlock.conf <<'EOF'",
         "* soft memlock unlimited",
         "* hard memlock unlimited",
@@ -130,8 +142,11 @@ def network_interfaces(cfg: InfraConfig, security_group: str) -> list[dict[str, 
 
 def launch_template_data(cfg: InfraConfig, facts: Facts) -> dict[str, Any]:
     data: dict[str, Any] = {
-        # IMDSv2 only; hop limit 2 so that containers (one hop further) reach it
-        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
+        # IMDSv2 only, hop limit 1: a container one network hop away (bridge, awsvpc) gets no token, so not the
+        # instance role. Nothing in a container needs IMDS: the job role comes from the ECS agent, the region from
+        # the job's environment, the instance type from /sys/devices/virtual/dmi/id/product_name. Single-node
+        # jobs share the host's network namespace (Batch's host mode), where no hop limit applies (docs/aws.md)
+        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
             "VolumeSize": cfg.root_volume_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
         "UserData": base64.b64encode(user_data(cfg).encode()).decode(),
@@ -190,6 +205,12 @@ def security_group_rules(group_id: str) -> list[dict[str, Any]]:
 def has_self_rule(permissions: list[dict[str, Any]], group_id: str) -> bool:
     return any(p.get("IpProtocol") == "-1" and any(g.get("GroupId") == group_id
                                                    for g in p.get("UserIdGroupPairs", []))
+               for p in permissions)
+
+
+def has_open_egress(permissions: list[dict[str, Any]]) -> bool:
+    """All traffic to anywhere (0.0.0.0/0): the default egress rule of a security group."""
+    return any(p.get("IpProtocol") == "-1" and any(r.get("CidrIp") == "0.0.0.0/0" for r in p.get("IpRanges", []))
                for p in permissions)
 
 
