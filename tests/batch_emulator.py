@@ -313,7 +313,7 @@ class EmulatedBatchBackend(BatchBackend):
         super().__init__(options=options, client=BatchClient(region, batch=emulator, logs=emulator.logs), **kwargs)
 
 
-def make_queue(name: str = "stoker-test", region: str = "us-east-1") -> str:
+def make_queue(name: str = "stoker-test", region: str = "us-east-1", max_vcpus: int = 1024, kind: str = "EC2") -> str:
     """A job queue (and its compute environment, network and roles) on moto's server; returns its name."""
     ec2, iam, batch = (boto3.client(s, region_name=region) for s in ("ec2", "iam", "batch"))
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
@@ -323,7 +323,7 @@ def make_queue(name: str = "stoker-test", region: str = "us-east-1") -> str:
     profile = iam.create_instance_profile(InstanceProfileName=f"{name}-instance")["InstanceProfile"]["Arn"]
     ce = batch.create_compute_environment(
         computeEnvironmentName=f"{name}-ce", type="MANAGED", state="ENABLED", serviceRole=role,
-        computeResources={"type": "EC2", "minvCpus": 0, "maxvCpus": 256, "instanceTypes": ["trn1.32xlarge"],
+        computeResources={"type": kind, "minvCpus": 0, "maxvCpus": max_vcpus, "instanceTypes": ["trn1.32xlarge"],
                           "subnets": [subnet], "securityGroupIds": [sg], "instanceRole": profile})
     batch.create_job_queue(jobQueueName=name, state="ENABLED", priority=1,
                            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}])

@@ -48,6 +48,21 @@ def test_check_accepts_what_fits(backend):
     backend.check(make_unit("gang", 4, options=batch(trainium=16, efa=8, memory=480000)))
 
 
+def test_a_gang_larger_than_the_compute_environment_is_refused(backend):
+    """make_queue's compute environment allows 1024 vCPUs: 8 whole trn1.32xlarge nodes, not 9."""
+    backend.check(make_unit("gang", 8, options=batch(trainium=16, efa=8, instance_type="trn1.32xlarge")))
+    with pytest.raises(ConfigError, match=r"needs 1152 vCPUs at once \(128 a node on trn1.32xlarge\).*at most "
+                                          r"1024.*max_vcpus"):
+        backend.check(make_unit("gang", 9, options=batch(trainium=16, efa=8, instance_type="trn1.32xlarge")))
+
+
+def test_a_gang_on_a_spot_queue_is_refused(backend):
+    make_queue("spot-queue", kind="SPOT")
+    with pytest.raises(ConfigError, match="multi-node job, which Batch runs only on on-demand EC2.*SPOT"):
+        backend.check(make_unit("gang", 2, options=batch(queue="spot-queue")))
+    backend.check(make_unit("task", 1, options=batch(queue="spot-queue")))  # a single-node job may run there
+
+
 def test_memory_over_what_ecs_sees_is_refused_with_the_number_that_fits(backend):
     unit = make_unit("gang", 4, options=batch(trainium=16, efa=8, memory=512 * 1024))
     with pytest.raises(ConfigError, match=r"memory=507821"):

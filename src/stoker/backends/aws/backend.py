@@ -101,6 +101,30 @@ class BatchBackend(Backend):
             raise ConfigError(f"{where}: the job queue {s['queue']!r} is {q.get('state')}/{q.get('status')} "
                               f"({q.get('statusReason') or 'no reason given'}), so no job would start: enable it "
                               f"(`stoker infra apply`) or pick another queue")
+        if unit.kind == "gang":
+            self._check_gang_capacity(unit, s, q, where)
+
+    def _check_gang_capacity(self, unit: Unit, s: dict[str, Any], queue: dict[str, Any], where: str) -> None:
+        """A multi-node job needs EC2 (not Spot or Fargate) and room for all its nodes at once."""
+        envs = self.client.compute_environments(queue)
+        usable = [e for e in envs if (e.get("computeResources") or {}).get("type") in ("EC2", None)
+                  and e.get("state") != "DISABLED"]
+        name = queue.get("jobQueueName", s["queue"])
+        if envs and not usable:
+            kinds = ", ".join(sorted({str((e.get("computeResources") or {}).get("type")) for e in envs}))
+            raise ConfigError(f"{where}: a gang of {unit.size} nodes is a multi-node job, which Batch runs only on "
+                              f"on-demand EC2 compute environments, but queue {name!r} has {kinds}: use a queue of "
+                              f"an EC2 compute environment (`stoker infra apply` with spot = false)")
+        itype = instance_type(s["instance_type"]) if s["instance_type"] else None
+        per_node = itype.vcpus if itype else s["cpu"]
+        need = unit.size * per_node
+        room = max(((e.get("computeResources") or {}).get("maxvCpus") or 0 for e in usable), default=0)
+        if usable and room and need > room:
+            raise ConfigError(f"{where}: a gang of {unit.size} nodes needs {need} vCPUs at once ({per_node} a node"
+                              f"{' on ' + itype.name if itype else ''}), but the compute environments of queue "
+                              f"{name!r} allow at most {room}; the job would wait forever. Fix: raise max_vcpus in "
+                              f"stoker-infra.toml to {need} or more and run `stoker infra apply`, or lower "
+                              f"num_parallel")
 
     def _check_fit(self, unit: Unit, s: dict[str, Any], where: str) -> None:
         """The request must fit one node of an instance type the compute environment can launch."""

@@ -55,6 +55,16 @@ class BatchClient:
             raise aws_error(e, "DescribeJobQueues", f"job queue {name}") from e
         return found[0] if found else None
 
+    def compute_environments(self, queue: dict[str, Any]) -> list[dict[str, Any]]:
+        """The compute environments a job queue places jobs on (DescribeComputeEnvironments)."""
+        arns = [c["computeEnvironment"] for c in queue.get("computeEnvironmentOrder", [])]
+        if not arns:
+            return []
+        try:
+            return self.batch.describe_compute_environments(computeEnvironments=arns)["computeEnvironments"]
+        except Exception as e:  # noqa: BLE001
+            raise aws_error(e, "DescribeComputeEnvironments", f"the compute environments of {queue.get('jobQueueName')}") from e
+
     def submit(self, request: dict[str, Any]) -> str:
         try:
             return self.batch.submit_job(**request)["jobId"]
