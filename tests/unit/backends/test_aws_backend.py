@@ -146,3 +146,15 @@ def test_refs_survive_json(backend):
     again = JobRef.from_json(ref.to_json())
     assert again.extra["queue"] == "stoker-queue" and again.extra["log_group"] == "/aws/batch/job"
     assert again.extra["instance_type"] == "trn1.32xlarge"
+
+
+def test_jobs_of_another_region_are_reached_there(aws, monkeypatch):
+    """`stoker kill` on a machine whose default region is not the job's: the job record's region wins."""
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    b = BatchBackend(options=BatchOptions(queue="q", image="i", use_infra=False))
+    assert b.client.region_name() == "eu-west-1"
+    ref = JobRef(backend="batch", job_id="j", extra={"region": "us-east-1"})
+    assert b._for(ref).region_name() == "us-east-1" and b._for(ref) is b._for(ref)
+    assert b._for(JobRef(backend="batch", job_id="k", extra={"region": "eu-west-1"})) is b.client
+    assert b.poll([ref]) == {}  # asked in us-east-1, where moto knows no such job

@@ -61,6 +61,8 @@ class BatchBackend(Backend):
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.options = options or BatchOptions()
         self.client = client or BatchClient(self.options.region)
+        self._injected = client is not None
+        self._regional: dict[str, BatchClient] = {}  # jobs of another region (`stoker kill` from elsewhere)
         self.poll_interval = self.options.poll_interval
         self.sleep = sleep
         self._streams: dict[tuple[str, int], str] = {}  # (job, member) -> CloudWatch log stream
@@ -166,7 +168,7 @@ class BatchBackend(Backend):
                                        else None)
         ref = JobRef(backend=self.name, job_id=job, members=unit.size, kind=unit.kind, step=unit.step,
                      task_ids=[sp.task_id for sp in unit.specs], attempt=unit.attempt,
-                     extra={"region": self.client.region or self.options.region, "log_group": self.options.log_group,
+                     extra={"region": self.client.region_name(), "log_group": self.options.log_group,
                             "queue": request.payload["submit"]["jobQueue"], "instance_type": itype})
         self._tails[job] = _Tail(ref)
         log.debug("submitted %s as Batch job %s", unit.label, job)
@@ -175,12 +177,16 @@ class BatchBackend(Backend):
     def poll(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         if not refs:
             return {}
-        ids: list[str] = []
+        by_client: dict[int, tuple[BatchClient, list[str]]] = {}
         for r in refs:
+            client = self._for(r)
+            ids = by_client.setdefault(id(client), (client, []))[1]
             ids.append(r.job_id)
             if r.kind == "gang":
                 ids += [f"{r.job_id}#{i}" for i in range(r.members)]
-        found = self.client.describe(ids)
+        found: dict[str, dict[str, Any]] = {}
+        for client, ids in by_client.values():
+            found.update(client.describe(ids))
         out: dict[str, JobStatus] = {}
         for r in refs:
             parent = found.get(r.job_id)
@@ -210,16 +216,25 @@ class BatchBackend(Backend):
         if (ref.job_id, 0) not in self._streams and (s := log_stream(parent)):
             self._streams[(ref.job_id, 0)] = s  # a single-node job's own stream
 
+    def _for(self, ref: JobRef) -> BatchClient:
+        """The client of the job's region (a job record names it; `stoker kill` may run with another default)."""
+        region = ref.extra.get("region")
+        if self._injected or not region or region == self.client.region_name():
+            return self.client
+        if region not in self._regional:
+            self._regional[region] = BatchClient(region)
+        return self._regional[region]
+
     def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
         """TerminateJob: Batch stops every node (SIGTERM, then SIGKILL after ECS's stop timeout, 30 s by
         default); `grace` cannot shorten or lengthen that."""
-        self.client.terminate(ref.job_id, reason="stoker: cancelled (Ctrl-C, stoker kill, a failed gang node "
+        self._for(ref).terminate(ref.job_id, reason="stoker: cancelled (Ctrl-C, stoker kill, a failed gang node "
                                                  "or @timeout)")
 
     def _stream(self, ref: JobRef, member: int) -> str | None:
         if (ref.job_id, member) not in self._streams:
             ids = [ref.job_id] + ([f"{ref.job_id}#{member}"] if ref.kind == "gang" else [])
-            found = self.client.describe(ids)
+            found = self._for(ref).describe(ids)
             if ref.job_id in found:
                 node = found.get(f"{ref.job_id}#{member}")
                 self._remember_streams(ref, found[ref.job_id], {member: node} if node else {})
@@ -232,7 +247,7 @@ class BatchBackend(Backend):
         name = self._stream(ref, member)
         if not name:
             return b""
-        lines, _ = self.client.log_events(ref.extra.get("log_group") or self.options.log_group, name)
+        lines, _ = self._for(ref).log_events(ref.extra.get("log_group") or self.options.log_group, name)
         return "".join(line + "\n" for line in lines).encode()
 
     def wait(self, timeout: float, sink: Sink) -> None:
@@ -264,7 +279,7 @@ class BatchBackend(Backend):
                 if state == EXITED and not name:
                     tail.done.add(member)  # it never logged (e.g. the image could not be pulled)
                 continue
-            lines, tail.tokens[member] = self.client.log_events(group, name, tail.tokens.get(member))
+            lines, tail.tokens[member] = self._for(tail.ref).log_events(group, name, tail.tokens.get(member))
             if lines:
                 sink(tail.ref, member, "stdout", "".join(line + "\n" for line in lines).encode())
             if state == EXITED:

@@ -19,6 +19,10 @@ class BatchClient:
         self._batch, self._logs = batch, logs
         self._definitions: dict[str, str] = {}  # name -> arn, registered or found by this client
 
+    def region_name(self) -> str | None:
+        """The region the calls go to (given, else the one boto3 resolved)."""
+        return self.region or getattr(getattr(self.batch, "meta", None), "region_name", None)
+
     @property
     def batch(self) -> Any:
         if self._batch is None:
