@@ -212,6 +212,44 @@ def test_train_on_emulated_aws_batch_is_bitwise_the_local_run(reference, aws, tm
     assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
 
 
+@pytest.mark.aws
+def test_a_rank_killed_on_an_emulated_batch_node_resubmits_the_gang_and_resumes_bitwise(reference, aws, tmp_path):
+    """A training rank of the Batch multi-node job dies: the job fails, @retry submits a new one, which resumes
+    from the last checkpoint committed in S3 (moto) and ends bitwise where an uninterrupted run does."""
+    from tests.batch_emulator import emulated_batch_env
+
+    env = emulated_batch_env(aws, tmp_path)
+    proc = subprocess.Popen([sys.executable, str(FLOW), "run", *SMALL, "--backend", "batch=train"], cwd=tmp_path,
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    s3, deadline = aws.client("s3"), time.time() + 600
+    while not any(o["Key"].endswith("/latest") for o in s3.list_objects_v2(
+            Bucket="stoker-bucket", Prefix="stoker/checkpoints/").get("Contents", [])):
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint committed in S3"
+        time.sleep(0.2)
+    victims = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "stoker.train" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())
+               and p.environ().get("RANK") == "3"]
+    assert victims, "rank 3 must be running on node 1"
+    victims[0].send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    os.environ.update(STOKER_HOME=env["STOKER_HOME"], STOKER_STORE=env["STOKER_STORE"])
+    try:
+        from stoker import Flow
+        from stoker.store.blob import open_store
+
+        run = Flow("LlamaPretrain").latest_run
+        store = open_store(env["STOKER_STORE"])
+        jobs = sorted((json.loads(store.read(n)) for n in store.list(f"runs/LlamaPretrain/{run.id}/jobs/")
+                       if n.endswith(".json")), key=lambda j: j["attempt"])
+        result = run["join"].task.data.result
+    finally:
+        os.environ.pop("STOKER_STORE")
+    assert [(j["step"], j["attempt"], j["members"]) for j in jobs] == [("train", 0, 2), ("train", 1, 2)]
+    assert "node 1" in out and result["resumed_from"].startswith("s3://stoker-bucket/stoker/checkpoints/")
+    assert_bitwise_equal(final_weights(result["checkpoint"]), final_weights(reference["checkpoint"]))
+
+
 @pytest.mark.slurm
 def test_a_rank_killed_on_a_slurm_node_resubmits_the_gang_and_resumes_bitwise(reference, home, slurm_cluster):
     before = {p.name for p in _ckpt_root(home).iterdir()}
