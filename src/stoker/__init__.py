@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import monitor as _monitor_package  # noqa: F401  (loaded first, so that `stoker.monitor` stays the decorator)
 from .backends.aws.decorator import batch  # noqa: E402  (registers @batch for --with batch:...)
 from .backends.slurm.decorator import slurm  # noqa: E402  (registers @slurm for --with slurm:...)
 from .flow import spec as _spec
 from .flow.current import current
-from .flow.decorators import catch, environment, parallel, resources, retry, step, timeout, torchrun
+from .flow.decorators import (
+    card,
+    catch,
+    environment,
+    monitor,
+    neuron_monitor,
+    parallel,
+    resources,
+    retry,
+    step,
+    timeout,
+    torchrun,
+)
 from .flow.parameters import Config, IncludeFile, JSONType, Parameter
 from .flow.spec import FlowSpec, MergeArtifactsError
 
@@ -41,4 +54,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
-           "timeout", "resources", "environment", "parallel", "torchrun", "slurm", "batch", "MergeArtifactsError", *sorted(_CLIENT)]
+           "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm", "batch", "MergeArtifactsError", *sorted(_CLIENT)]

@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_image(sub)
     register_infra(sub)
+    from .cards import register as register_cards
+    from .ui import register as register_ui
+
+    register_cards(sub)
+    register_ui(sub)
     return ap
 
 

@@ -121,9 +121,55 @@ class TorchrunDecorator(ParallelDecorator):
                 "neuron_cache": "neuron-cache/", "precompile": False}
 
 
+class MonitorDecorator(StepDecorator):
+    """Samples the task's node every `interval` s into the store: CPU% and RSS of the task's process tree, host
+    memory, GPUs through NVML and NeuronCores through neuron-monitor. `gpu` / `neuron`: True wants them (one
+    warning when the tool is missing), None (default) uses them when the node has such devices, False skips."""
+
+    name = "monitor"
+    defaults = {"interval": 1, "gpu": None, "neuron": None}
+
+    def validate(self) -> None:
+        self._number("interval", minimum=0.05, kind=float)
+        for k in ("gpu", "neuron"):
+            if self.attributes[k] not in (None, True, False):
+                raise ConfigError(f"@{self.name}({k}={self.attributes[k]!r}): use True, False or None (auto)")
+
+
+class NeuronMonitorDecorator(MonitorDecorator):
+    """Metaflow's name for @monitor on Trainium/Inferentia: NeuronCore sampling is wanted (neuron=True)."""
+
+    name = "neuron_monitor"
+    defaults = {"interval": 1, "gpu": None, "neuron": True}
+
+
+class CardDecorator(StepDecorator):
+    """A card for the step (Metaflow's @card): `type` "default" (the task's artifacts and your components) or
+    "blank" (your components only); `id` names it when a step has several; `refresh_interval` (s) rate-limits
+    `current.card.refresh()`; `options` {"title": ...}; `timeout` is accepted for Metaflow compatibility."""
+
+    name = "card"
+    defaults = {"type": "default", "id": None, "options": None, "timeout": 45, "refresh_interval": 5,
+                "save_errors": True}
+    allow_multiple = True
+
+    def validate(self) -> None:
+        if self.attributes["type"] not in ("default", "blank"):
+            raise ConfigError(f"@card(type={self.attributes['type']!r}): stoker has the card types 'default' and "
+                              f"'blank'; build custom content with components (stoker.cards)")
+        cid = self.attributes["id"]
+        if cid is not None and (not isinstance(cid, str) or not cid.replace("_", "a").replace("-", "a").isalnum()):
+            raise ConfigError(f"@card(id={cid!r}): use letters, digits, '_' and '-' only, e.g. id=\"training\"")
+        if self.attributes["options"] is not None and not isinstance(self.attributes["options"], dict):
+            raise ConfigError("@card(options=...) takes a dict, e.g. options={\"title\": \"Training\"}")
+        self._number("refresh_interval", kind=float)
+        self._number("timeout", kind=float)
+
+
 DECORATORS: dict[str, type[StepDecorator]] = {
     d.name: d for d in (RetryDecorator, CatchDecorator, TimeoutDecorator, ResourcesDecorator,
-                        EnvironmentDecorator, ParallelDecorator, TorchrunDecorator)
+                        EnvironmentDecorator, ParallelDecorator, TorchrunDecorator, MonitorDecorator,
+                        NeuronMonitorDecorator, CardDecorator)
 }
 
 
@@ -178,6 +224,9 @@ resources = _make(ResourcesDecorator)
 environment = _make(EnvironmentDecorator)
 parallel = _make(ParallelDecorator)
 torchrun = _make(TorchrunDecorator)
+monitor = _make(MonitorDecorator)
+neuron_monitor = _make(NeuronMonitorDecorator)
+card = _make(CardDecorator)
 
 
 def parse_with(spec: str) -> StepDecorator:

@@ -170,7 +170,8 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
               "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "with": with_specs,
               "flow_file": flow_file, "created_at": time.time(), "status": "running",
-              "pid": os.getpid(), "host": socket.gethostname()}
+              "pid": os.getpid(), "host": socket.gethostname(),
+              "graph": {n.name: list(n.out_funcs) for n in graph}}  # the DAG, for readers without the flow file
     write_run_record(store, record)
     if run_id_file:
         Path(run_id_file).write_text(run_id)

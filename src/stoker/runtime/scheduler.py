@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -244,6 +245,12 @@ class Scheduler:
                 raise
         self.live[(backend.name, ref.job_id)] = (ref, tasks)
         now = time.time()
+        for t in tasks:  # readers (the UI, `stoker show`) see the attempt as running until its manifest lands
+            try:
+                self.db.register_attempt(self.flow, self.run_id, t.step, t.task_id, t.attempt, started_at=now,
+                                         user=self.user, hostname=socket.gethostname())
+            except Exception:  # noqa: BLE001 - the index is a view; the run goes on without it
+                pass
         for i, t in enumerate(tasks):
             t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
                                   self._prefix(t))

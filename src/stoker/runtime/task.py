@@ -20,9 +20,11 @@ from ..flow.current import ParallelInfo, current
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..flow.spec import FlowSpec, Inputs, _ArtifactView
+from ..monitor.task_hook import start_for_task
 from ..store.artifacts import load_artifact, save_artifact
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import read_manifest, write_manifest
+from ..store.metrics import task_env as metrics_task_env
 from .spec import TaskSpec
 
 
@@ -93,6 +95,8 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
                  retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
                  username=spec.user, tags=tuple(spec.tags), tempdir=tmp, parallel=par,
                  namespace=f"user:{spec.user}", store_url=store.url, max_attempts=spec.max_attempts)
+    # the trainer in this task's (torchrun) children streams its metrics into this attempt's series
+    os.environ.update(metrics_task_env(store.url, spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt))
     if spec.parallel:
         os.environ.update(MF_PARALLEL_MAIN_IP=str(par.main_ip), MF_PARALLEL_NUM_NODES=str(par.num_nodes),
                           MF_PARALLEL_NODE_INDEX=str(par.node_index), MF_PARALLEL_CONTROL_TASK_ID=str(par.control_task_id))
@@ -119,6 +123,11 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
 
     manifest: dict[str, Any] = spec.manifest_head(started)
     code = 0
+    monitor = start_for_task(func, store, flow=spec.flow, run_id=spec.run_id, step=spec.step, task_id=spec.task_id,
+                             attempt=spec.attempt, node=par.node_index)  # @monitor: never fails the task
+    from ..cards.runtime import start_task_cards
+
+    cards = start_task_cards(func, spec, store)  # @card: current.card now; the final cards before the manifest
     try:
         with _timeout(func):
             call()
@@ -156,8 +165,10 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
             manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {exc}",
                                      "traceback": traceback.format_exc()}
             code = 1
+    monitor.stop()  # the last samples land before the manifest says the attempt is over
     manifest.update(status="ok" if code == 0 else "failed", finished_at=time.time(), artifacts=artifacts)
     manifest.setdefault("exception", None)
+    cards.finish(artifacts, manifest)  # never raises; also on failure
     sys.stdout.flush()
     sys.stderr.flush()
     write_manifest(store, manifest)

@@ -208,7 +208,9 @@ class TorchrunHelper:
         overrides = dict(pre) if isinstance(pre, Mapping) else {}
         shown = f" with {' '.join(_args_list(overrides))}" if overrides else ""
         print(f"torchrun: pre-compilation pass (neuron_parallel_compile{shown})", flush=True)
-        self._spawn([exe, *self.command(entrypoint, override_args(args, overrides), module, n)], env,
+        # a few compile-only steps: not the run's training curve
+        quiet = {k: v for k, v in env.items() if k not in ("STOKER_METRICS_STORE", "STOKER_TENSORBOARD_PREFIX")}
+        self._spawn([exe, *self.command(entrypoint, override_args(args, overrides), module, n)], quiet,
                     "neuron_parallel_compile")
 
     def _cache_sync(self, env: Mapping[str, str]) -> Callable[[str], None] | None:

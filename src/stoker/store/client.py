@@ -211,6 +211,20 @@ class Run(ClientObject):
         end = self.end_task
         return None if end is None else end.data
 
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every task's training metrics (a dict per logged step, with "step_name", "task_id", "attempt" and
+        "run_id"), read live from the store; a resumed run's curves continue those of the run it resumed."""
+        from stoker.store.metrics import run_metrics
+
+        return run_metrics(self._db, self._store, self.flow_name, self.id)
+
+    def metrics_frame(self) -> Any:
+        """:attr:`metrics` as a pandas DataFrame (ImportError naming ``pip install pandas`` without pandas)."""
+        from stoker.store.metrics import metrics_frame
+
+        return metrics_frame(self.metrics)
+
 
 class Step(ClientObject):
     """A step of a run: ``Step("Flow/run_id/step")``; iterating gives its tasks."""
@@ -367,6 +381,21 @@ class Task(ClientObject):
     @property
     def stderr(self) -> str:
         return self._log("stderr")
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The training metrics of every attempt of the task, oldest first (a dict per logged step: "step",
+        "loss", "lr", ..., "attempt", "run_id"), read live from the store while the task runs. A task of a
+        resumed run starts with the records of the run it resumed, up to its own first step."""
+        from stoker.store.metrics import task_metrics
+
+        return task_metrics(self._db, self._store, self.flow_name, self.run_id, self.step_name, self.id)
+
+    def metrics_frame(self) -> Any:
+        """:attr:`metrics` as a pandas DataFrame (ImportError naming ``pip install pandas`` without pandas)."""
+        from stoker.store.metrics import metrics_frame
+
+        return metrics_frame(self.metrics)
 
     @property
     def attempts(self) -> list[Task]:

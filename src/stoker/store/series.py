@@ -1,6 +1,8 @@
 """Time series in the store: training metrics and monitor samples, appended while a task runs.
 
-A series is a folder of chunk objects, `<prefix><seq:06d>.jsonl`, one JSON object per line. A writer buffers
+A series is a folder of chunk objects, `<prefix><seq:06d>.jsonl.gz` (gzip of one JSON object per line; plain
+`.jsonl` chunks are read too): monitor samples compress about tenfold, so a week at one sample a second stays
+tens of MB per node. A writer buffers
 records and writes a new chunk every `interval` seconds (and when closed), so the data lands while the task
 runs, on a local folder or S3 alike, and a reader concatenates the chunks in order. A chunk is written once
 and never changed, so readers never see half a line; a writer that dies loses at most its last interval.
@@ -11,6 +13,7 @@ and never changed, so readers never see half a line; a writer that dies loses at
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import threading
@@ -22,6 +25,34 @@ from .blob import BlobStore
 from .manifest import run_prefix
 
 KINDS = ("metrics", "monitor")
+SUFFIXES = (".jsonl.gz", ".jsonl")
+
+
+def chunk_seq(name: str, prefix: str) -> int | None:
+    """The sequence number of chunk `name` directly under `prefix` (None: not one of its chunks)."""
+    rest = name[len(prefix):] if name.startswith(prefix) else ""
+    for suffix in SUFFIXES:
+        if rest.endswith(suffix) and rest[: -len(suffix)].isdigit():
+            return int(rest[: -len(suffix)])
+    return None
+
+
+def decode_chunk(name: str, data: bytes) -> list[dict[str, Any]]:
+    """The records of one chunk (a line torn by a crashed writer is skipped)."""
+    if name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError):
+            return []
+    out = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def series_prefix(kind: str, flow: str, run_id: str, step: str, task_id: str, attempt: int,
@@ -69,9 +100,9 @@ class SeriesWriter:
             batch, self.pending = self.pending, []
         if not batch:
             return True
-        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in batch).encode()
+        data = gzip.compress("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in batch).encode(), mtime=0)
         try:
-            self.store.write(f"{self.prefix}{self.seq:06d}.jsonl", data, durable=False)
+            self.store.write(f"{self.prefix}{self.seq:06d}.jsonl.gz", data, durable=False)
         except Exception:  # noqa: BLE001 - best effort: retried with the next chunk
             self.errors += 1
             with self.lock:
@@ -88,8 +119,7 @@ class SeriesWriter:
 
 def _next_seq(store: BlobStore, prefix: str) -> int:
     """A writer that resumes a series (the same attempt written again) goes on after its last chunk."""
-    names = [n for n in store.list(prefix) if n.endswith(".jsonl") and "/" not in n[len(prefix):]]
-    return 1 + max((int(n[len(prefix):-6]) for n in names if n[len(prefix):-6].isdigit()), default=0)
+    return 1 + max((n for n in (chunk_seq(name, prefix) for name in store.list(prefix)) if n is not None), default=0)
 
 
 def read_series(store: BlobStore, prefix: str) -> list[dict[str, Any]]:
@@ -98,11 +128,6 @@ def read_series(store: BlobStore, prefix: str) -> list[dict[str, Any]]:
 
 
 def iter_series(store: BlobStore, prefix: str) -> Iterator[dict[str, Any]]:
-    names = sorted(n for n in store.list(prefix) if n.endswith(".jsonl") and "/" not in n[len(prefix):])
-    for name in names:
-        for line in store.read(name).decode().splitlines():
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except ValueError:  # a chunk torn by a crash of an older writer: skip its broken line
-                    continue
+    chunks = sorted((seq, name) for name in store.list(prefix) if (seq := chunk_seq(name, prefix)) is not None)
+    for _, name in chunks:
+        yield from decode_chunk(name, store.read(name))

@@ -41,3 +41,19 @@ def test_monitor_series_per_node_and_kinds(tmp_path):
     assert read_series(store, p1)[0]["cpu_percent"] == 20.0 and len(read_series(store, p0)) == 1
     with pytest.raises(ValueError, match="unknown series kind"):
         series_prefix("nope", "F", "1", "s", "1", 0)
+
+
+def test_chunks_are_gzip_and_plain_chunks_still_read(tmp_path):
+    """A week of samples stays small: chunks are gzip; older plain .jsonl chunks read too, in sequence order."""
+    store = LocalBlobStore(tmp_path / "s")
+    prefix = series_prefix("monitor", "F", "1", "train", "2", 0, node=0)
+    store.write(f"{prefix}000001.jsonl", b'{"cpu_percent": 1}\n{torn\n')
+    w = SeriesWriter(store, prefix, interval=60)
+    for i in range(600):
+        w.add({"cpu_percent": 50.0 + i % 7, "rss_mb": 812.5, "host_mem_used_mb": 20000 + i % 3})
+    w.close()
+    names = store.list(prefix)
+    assert names == [f"{prefix}000001.jsonl", f"{prefix}000002.jsonl.gz"]
+    assert len(store.read(names[1])) * 5 < 600 * 80, "compressed well below the plain JSON lines"
+    recs = read_series(store, prefix)
+    assert len(recs) == 601 and recs[0] == {"cpu_percent": 1}

@@ -1,0 +1,261 @@
+"""`current.card` inside a running task, and the task entrypoint's hooks that write cards to the store.
+
+    @card(type="blank", id="progress", refresh_interval=1)
+    @step
+    def train(self):
+        bar = ProgressBar(max=10); current.card["progress"].append(bar)
+        for i in range(10):
+            bar.update(i); current.card.refresh()     # written now, or at most every refresh_interval s
+
+`start_task_cards(func, spec, store)` runs before the step (sets `current.card`); `TaskCards.finish(...)` runs after
+it, on success and on failure, and writes the final cards (the "default" card with the task's artifacts, and the
+"monitor" card of @monitor / @neuron_monitor). Writing a card never fails the step: errors are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..store.blob import BlobStore
+from .components import render_component
+from .render import render_card_html
+from .store import cards_prefix, check_card_id, write_card
+
+log = logging.getLogger(__name__)
+MONITOR_CARD_ID = "monitor"
+
+
+class _Card:
+    """One @card of the running task: its components and its writes to the store (rate-limited)."""
+
+    def __init__(self, attrs: dict[str, Any], card_id: str, store: BlobStore, prefix: str, pathspec: str,
+                 attempt: int) -> None:
+        self.type = attrs.get("type") or "default"
+        self.user_id = attrs.get("id")
+        self.id = card_id
+        self.options = dict(attrs.get("options") or {})
+        self.refresh_interval = float(attrs.get("refresh_interval") or 0)
+        self.store, self.prefix, self.pathspec, self.attempt = store, prefix, pathspec, attempt
+        self.components: list[Any] = []
+        self.last_write = 0.0
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        self.closed = False
+        self.started = time.time()
+
+    def data(self, final: bool = False, extra: Callable[[], dict[str, list]] | None = None) -> dict[str, Any]:
+        """The card's JSON: header, the user's components and, for a default card, the task's information."""
+        comps = [render_component(c) for c in list(self.components)]
+        if self.type == "default":
+            more = extra() if extra else {"head": [], "tail": []}
+            comps = more["head"] + comps + more["tail"]
+        title = self.options.get("title") or (self.user_id or f"{self.pathspec.split('/')[2]}")
+        return {"id": self.id, "type": self.type, "title": str(title), "updated": time.time(), "final": final,
+                "pathspec": self.pathspec, "attempt": self.attempt, "components": comps}
+
+    def write(self, data: dict[str, Any]) -> bool:
+        try:
+            write_card(self.store, self.prefix, data, render_card_html(data))
+        except Exception as e:  # noqa: BLE001 - a card must never fail the step
+            log.warning("@card %s: writing the card failed (%s: %s)", self.id, type(e).__name__, e)
+            return False
+        self.last_write = time.time()
+        return True
+
+    def refresh(self, extra: Callable[[], dict[str, list]] | None = None, force: bool = False) -> None:
+        """Write the card now, or, within `refresh_interval` of the last write, once the interval has passed."""
+        with self.lock:
+            if self.closed:
+                return
+            wait = self.last_write + self.refresh_interval - time.time()
+            if force or wait <= 0:
+                self._cancel()
+                self.write(self.data(extra=extra))
+            elif self.timer is None:
+                self.timer = threading.Timer(wait, self._deferred, args=(extra,))
+                self.timer.daemon = True
+                self.timer.start()
+
+    def _deferred(self, extra: Callable[[], dict[str, list]] | None) -> None:
+        with self.lock:
+            self.timer = None
+            if not self.closed:
+                self.write(self.data(extra=extra))
+
+    def _cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def finish(self, extra: Callable[[], dict[str, list]] | None) -> None:
+        with self.lock:
+            self._cancel()
+            self.closed = True
+            self.write(self.data(final=True, extra=extra))
+
+
+class CardComponents:
+    """The components of one card (`current.card["id"]`): append, extend, clear, refresh, iterate."""
+
+    def __init__(self, card: _Card | None, owner: CardCollector) -> None:
+        self._card, self._owner = card, owner
+
+    def _target(self) -> list[Any]:
+        if self._card is None:
+            self._owner._warn("no such card: components appended to it are dropped")
+            return []
+        return self._card.components
+
+    def append(self, component: Any) -> None:
+        self._target().append(component)
+
+    def extend(self, components: Iterable[Any]) -> None:
+        self._target().extend(components)
+
+    def clear(self) -> None:
+        self._target().clear()
+
+    def refresh(self, *args: Any, force: bool = False, **kwargs: Any) -> None:
+        if self._card is not None:
+            self._card.refresh(self._owner._extra, force=force)
+
+    @property
+    def components(self) -> dict[str, Any]:
+        """The card's components that have an id (`component.component_id`), by id."""
+        return {c.component_id: c for c in self._target() if getattr(c, "component_id", None)}
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._target()))
+
+    def __len__(self) -> int:
+        return len(self._target())
+
+
+class CardCollector:
+    """`current.card`: `append/extend/clear` go to the step's default editable card (the one @card without id,
+    or the only @card); `current.card["id"]` is the card with that id; `refresh()` writes every card."""
+
+    def __init__(self, cards: list[_Card], extra: Callable[[], dict[str, list]] | None = None) -> None:
+        self._cards = cards
+        self._extra = extra
+        self._warned: set[str] = set()
+        unnamed = [c for c in cards if c.user_id is None]
+        self._default = unnamed[0] if len(unnamed) == 1 else (cards[0] if len(cards) == 1 else None)
+
+    def _warn(self, why: str) -> None:
+        if why not in self._warned:
+            self._warned.add(why)
+            log.warning("current.card: %s", why)
+            print(f"@card warning: {why}", flush=True)
+
+    def _default_components(self) -> CardComponents:
+        if self._default is None:
+            if not self._cards:
+                self._warn("this step has no @card, so components are dropped; add @card above @step")
+            else:
+                self._warn("this step has several @card decorators: use current.card['<id>'].append(...)")
+        return CardComponents(self._default, self)
+
+    def append(self, component: Any) -> None:
+        self._default_components().append(component)
+
+    def extend(self, components: Iterable[Any]) -> None:
+        self._default_components().extend(components)
+
+    def clear(self) -> None:
+        self._default_components().clear()
+
+    @property
+    def components(self) -> dict[str, Any]:
+        return self._default_components().components
+
+    def __getitem__(self, card_id: str) -> CardComponents:
+        for c in self._cards:
+            if c.user_id == card_id:
+                return CardComponents(c, self)
+        self._warn(f"no @card(id={card_id!r}) on this step (ids: {[c.user_id for c in self._cards]})")
+        return CardComponents(None, self)
+
+    def __setitem__(self, card_id: str, components: Iterable[Any]) -> None:
+        target = self[card_id]
+        target.clear()
+        target.extend(components)
+
+    def __contains__(self, card_id: str) -> bool:
+        return any(c.user_id == card_id for c in self._cards)
+
+    def refresh(self, *args: Any, force: bool = False, **kwargs: Any) -> None:
+        """Write every card of the step now (at most once per its refresh_interval; force=True: now)."""
+        for c in self._cards:
+            c.refresh(self._extra, force=force)
+
+    def __repr__(self) -> str:
+        return f"current.card({', '.join(c.id for c in self._cards) or 'no @card on this step'})"
+
+
+class TaskCards:
+    """The cards of one task attempt, from before the step runs until its final write."""
+
+    def __init__(self, func: Any, spec: Any, store: BlobStore) -> None:
+        self.func, self.spec, self.store = func, spec, store
+        self.pathspec = f"{spec.flow}/{spec.run_id}/{spec.step}/{spec.task_id}"
+        self.prefix = cards_prefix(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt)
+        self.started = time.time()
+        self.artifacts: dict[str, Any] | None = None
+        self.manifest: dict[str, Any] | None = None
+        decos = [d for d in getattr(func, "decorators", []) if d.name == "card"]
+        self.cards: list[_Card] = []
+        used: set[str] = set()
+        for d in decos:
+            a = d.attributes
+            base = a.get("id") or a.get("type") or "default"
+            cid, n = base, 1
+            while cid in used:
+                cid, n = f"{base}_{n}", n + 1
+            used.add(cid)
+            try:
+                check_card_id(cid)
+            except Exception as e:  # noqa: BLE001
+                log.warning("@card: %s", e)
+                continue
+            self.cards.append(_Card(a, cid, store, self.prefix, self.pathspec, spec.attempt))
+        self.collector = CardCollector(self.cards, self._extra)
+
+    def _extra(self) -> dict[str, list]:
+        from .default_card import default_card_parts
+
+        return default_card_parts(self.spec, self.started, self.artifacts, self.manifest)
+
+    def finish(self, artifacts: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None) -> None:
+        """Write the final cards (never raises)."""
+        self.artifacts, self.manifest = artifacts, manifest
+        for c in self.cards:
+            try:
+                c.finish(self._extra)
+            except Exception as e:  # noqa: BLE001
+                log.warning("@card %s: the final card failed (%s: %s)", c.id, type(e).__name__, e)
+        if _has_monitor(self.func):
+            try:
+                from .monitor_card import write_monitor_card
+
+                s = self.spec
+                write_monitor_card(self.store, s.flow, s.run_id, s.step, s.task_id, s.attempt, final=True)
+            except Exception as e:  # noqa: BLE001
+                log.warning("@monitor: the monitor card failed (%s: %s)", type(e).__name__, e)
+
+
+def _has_monitor(func: Any) -> bool:
+    return any(getattr(d, "name", "") in ("monitor", "neuron_monitor") for d in getattr(func, "decorators", []))
+
+
+def start_task_cards(func: Any, spec: Any, store: BlobStore) -> TaskCards:
+    """Before the step: set `current.card` for it. Call `.finish(artifacts, manifest)` after it (even on failure)."""
+    from ..flow.current import current
+
+    tc = TaskCards(func, spec, store)
+    current._set(card=tc.collector)
+    return tc

@@ -1,0 +1,43 @@
+"""`stoker ui [--host 127.0.0.1] [--port 8765] [--token T]`: the read-only web UI over the store and the index.
+
+On loopback (the default) it needs no token (but takes one if given); bound to any other address every
+request must carry a token, generated and printed once when not given."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+
+from ..errors import ConfigError
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..ui.app import LOOPBACK_NAMES, create_app, is_loopback
+    except ImportError as e:
+        raise ConfigError(f"stoker ui needs starlette and uvicorn ({e}): pip install 'stoker[ui]'") from None
+    from ..store.blob import open_store
+    from ..store.metadata import MetadataDB
+    from ..store.paths import default_db_path
+
+    token = args.token
+    loopback = is_loopback(args.host)
+    if not loopback and not token:
+        token = secrets.token_urlsafe(24)
+    shown_host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{shown_host}:{args.port}/" + (f"?token={token}" if token else "")
+    app = create_app(store=open_store(), db=MetadataDB(default_db_path()), token=token,
+                     allowed_hosts=[*LOOPBACK_NAMES, "[::1]"] if loopback else None)
+    print(f"stoker ui: {url}" + ("" if loopback else "  (the token is printed only this once)"), flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ui", help="a web UI over the runs in the store (127.0.0.1 by default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; not loopback requires a token")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--token", help="the token every request must carry (generated when --host is not loopback)")
+    p.set_defaults(fn=cmd_ui)
