@@ -149,35 +149,54 @@ def _send(q: queue.Queue, item, stage: _Stage) -> None:
 
 
 class _Progress:
-    """Rich progress line with documents/s and tokens/s (a no-op when disabled)."""
+    """One rich progress line: files done/total and input MB/s (file sources), documents/s and tokens/s
+    (a no-op when disabled). Counters are read from the source, which counts what its reader thread read."""
 
-    def __init__(self, enabled: bool, total_docs: int | None, label: str) -> None:
-        self.enabled, self.docs, self.tokens, self.t0 = enabled, 0, 0, time.perf_counter()
+    def __init__(self, enabled: bool, src: Source, label: str, described: dict, console=None) -> None:
+        self.enabled, self.src, self.docs, self.tokens, self.t0 = enabled, src, 0, 0, time.perf_counter()
+        self.files0, self.bytes0 = src.files_done, src.bytes_read  # a source read before counts from here
+        self.total_files = described.get("num_files")
+        self.total_bytes = described.get("bytes") if src.total_docs is None else None
         if not enabled:
             return
         from rich.console import Console
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
+        self.console = console or Console(stderr=True)
         cols = [SpinnerColumn(), TextColumn("[bold]{task.description}")]
-        if total_docs:
+        if src.total_docs or self.total_bytes:
             cols.append(BarColumn())
+        if self.total_files is not None:
+            cols.append(TextColumn(f"files {{task.fields[files]:,}}/{self.total_files:,}"))
+        if "bytes" in described:
+            cols.append(TextColumn("{task.fields[mbps]:,.1f} MB/s"))
         cols += [TextColumn("{task.fields[docs]:,} docs ({task.fields[dps]:,.0f}/s)"),
-                 TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f}/s)"), TimeElapsedColumn()]
+                 TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f} tok/s)"), TimeElapsedColumn()]
         self.bar = Progress(*cols, console=self.console, transient=False)
-        self.task = self.bar.add_task(label, total=total_docs, docs=0, tokens=0, dps=0.0, tps=0.0)
+        self.task = self.bar.add_task(label, total=src.total_docs or self.total_bytes or None, docs=0, tokens=0,
+                                      dps=0.0, tps=0.0, files=0, mbps=0.0)
         self.bar.start()
 
-    def update(self, docs: int, tokens: int) -> None:
+    @property
+    def files(self) -> int:
+        return self.src.files_done - self.files0
+
+    @property
+    def bytes(self) -> int:
+        return self.src.bytes_read - self.bytes0
+
+    def update(self, docs: int = 0, tokens: int = 0) -> None:
         self.docs += docs
         self.tokens += tokens
         if self.enabled:
             dt = max(time.perf_counter() - self.t0, 1e-9)
-            self.bar.update(self.task, completed=self.docs, docs=self.docs, tokens=self.tokens,
-                            dps=self.docs / dt, tps=self.tokens / dt)
+            self.bar.update(self.task, completed=self.docs if self.src.total_docs else self.bytes, docs=self.docs,
+                            tokens=self.tokens, dps=self.docs / dt, tps=self.tokens / dt, files=self.files,
+                            mbps=self.bytes / 1e6 / dt)
 
     def close(self) -> None:
         if self.enabled:
+            self.update()  # the reader may have finished its last file after the last batch was counted
             self.bar.stop()
 
 
@@ -208,8 +227,10 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
 
     Returns at once with the cached :class:`DatasetRef` when the same source, tokenizer and settings were
     prepared before. ``options`` are the other :class:`PrepareConfig` fields (``text_field``, ``doc_split``,
-    ``remainder``, ``shard_mb``, ``num_workers``, ``overwrite``, ``progress`` ...).
+    ``remainder``, ``shard_mb``, ``num_workers``, ``overwrite``, ``progress`` ...); ``console``: the rich
+    console for the progress line and the summary (default: stderr).
     """
+    console = options.pop("console", None)
     cfg = PrepareConfig(source=str(source), tokenizer=str(tokenizer), block_size=block_size,
                         val_fraction=val_fraction, output=None if output is None else str(output), **options)
     tok = load_tokenizer(tokenizer, num_threads=cfg.num_workers)
@@ -226,14 +247,14 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
         ref = DatasetRef(url=target, fingerprint=fingerprint, manifest=existing)
         logger.info("dataset %s is already prepared at %s", fingerprint, target)
         if show:
-            print_summary(ref, cached=True)
+            print_summary(ref, cached=True, console=console)
         return ref
     if existing is not None and not cfg.overwrite:
         raise DataError(f"{target} already holds another dataset ({existing.get('fingerprint')}); pass "
                         "overwrite=True (--overwrite) or another output")
     staging = layout.staging_dir(target)
     try:
-        manifest = _run(cfg, src, tok, staging, fingerprint, show)
+        manifest = _run(cfg, src, tok, staging, fingerprint, show, console)
         layout.commit(staging, target, overwrite=cfg.overwrite)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -245,7 +266,7 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
     logger.info("prepared %s: %s", target, json.dumps(manifest["stats"]))
     ref = DatasetRef(url=target, fingerprint=fingerprint, manifest=manifest)
     if show:
-        print_summary(ref)
+        print_summary(ref, console=console)
     return ref
 
 
@@ -263,8 +284,10 @@ def _batches(docs: Iterator[str], batch_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: str, show: bool) -> dict:
+def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: str, show: bool,
+         console=None) -> dict:
     t0 = time.perf_counter()
+    described = src.describe()
     staging.mkdir(parents=True)
     dtype = token_dtype(tok.vocab_size)
     shard_blocks = max(1, int(cfg.shard_mb * 2**20) // (cfg.block_size * dtype.itemsize))
@@ -298,7 +321,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
                 writers[name].add(arr, ndocs)
 
     reader, writer = _Stage(read, "stoker-data-read"), _Stage(write, "stoker-data-write")
-    progress = _Progress(show, src.total_docs, f"tokenizing {cfg.source}")
+    progress = _Progress(show, src, f"tokenizing {cfg.source}", described, console)
     reader.start()
     writer.start()
     doc_index = 0
@@ -351,7 +374,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     seen = progress.tokens
     manifest = {
         "format": layout.FORMAT, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": src.describe(), "tokenizer": tok.describe(), "block_size": cfg.block_size, "dtype": dtype.name,
+        "source": described, "tokenizer": tok.describe(), "block_size": cfg.block_size, "dtype": dtype.name,
         "settings": {k: v for k, v in asdict(cfg).items() if k not in ("output", "progress", "overwrite", "source",
                                                                       "tokenizer", "block_size")},
         "splits": splits,
@@ -359,6 +382,9 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
                   "tokens_stored": stored, "tokens_per_s": round(seen / max(seconds, 1e-9), 1),
                   "docs_per_s": round(progress.docs / max(seconds, 1e-9), 1)},
     }
+    if "num_files" in described:  # file sources: what was read from disk (compressed bytes when compressed)
+        manifest["stats"].update(files=progress.files, bytes_read=progress.bytes,
+                                 mb_per_s=round(progress.bytes / 1e6 / max(seconds, 1e-9), 2))
     layout.write_manifest(staging, manifest)
     return manifest
 

@@ -51,14 +51,60 @@ def file_format(path: Path) -> tuple[str, str | None]:
                     "(text and jsonl may be compressed as .gz or .zst)")
 
 
-def _open_binary(path: Path, compression: str | None):
-    if compression == "gz":
-        return gzip.open(path, "rb")
-    if compression == "zst":
-        import zstandard
+class _CountedFile(io.FileIO):
+    """A file opened for reading that adds every byte read from disk to ``source.bytes_read``."""
 
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return open(path, "rb")
+    def __init__(self, path: Path, source: Source | None) -> None:
+        super().__init__(path, "rb")
+        self._source = source
+
+    def _count(self, n: int | None) -> None:
+        if n and self._source is not None:
+            self._source.bytes_read += n
+
+    def readinto(self, buffer) -> int | None:
+        n = super().readinto(buffer)
+        self._count(n)
+        return n
+
+    def read(self, size: int = -1) -> bytes | None:
+        data = super().read(size)
+        self._count(len(data) if data else 0)
+        return data
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        self._count(len(data))
+        return data
+
+
+class _GzipFile(gzip.GzipFile):
+    """A gzip reader that closes the file it reads when it is closed."""
+
+    def __init__(self, raw: io.RawIOBase) -> None:
+        self._buffered = io.BufferedReader(raw)
+        super().__init__(fileobj=self._buffered, mode="rb")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._buffered.close()
+
+
+def _open_binary(path: Path, compression: str | None, source: Source | None = None):
+    raw = _CountedFile(path, source)
+    try:
+        if compression == "gz":
+            return _GzipFile(raw)
+        if compression == "zst":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
 
 
 def _decode(data: bytes, where: str, encoding: str, errors: str) -> str:
@@ -71,9 +117,13 @@ def _decode(data: bytes, where: str, encoding: str, errors: str) -> str:
 
 
 class Source:
-    """Base class: ``documents()`` yields the texts; ``describe()`` goes into the manifest."""
+    """Base class: ``documents()`` yields the texts; ``describe()`` goes into the manifest.
+
+    File sources count what they have read (``files_done``, ``bytes_read`` on disk) for progress lines."""
 
     total_docs: int | None = None
+    files_done: int = 0
+    bytes_read: int = 0
 
     def documents(self) -> Iterator[str]:
         raise NotImplementedError
@@ -114,14 +164,20 @@ class FileSource(Source):
     def read(self, path: Path, fmt: str, compression: str | None, name: str) -> Iterator[str]:
         """The documents of one local file; errors name it ``name`` (its URL when it was downloaded)."""
         if fmt == "text":
-            return self._text(path, compression, name)
-        if fmt == "jsonl":
-            return self._jsonl(path, compression, name)
-        return self._parquet(path, name)
+            yield from self._text(path, compression, name)
+        elif fmt == "jsonl":
+            yield from self._jsonl(path, compression, name)
+        else:
+            yield from self._parquet(path, name)
+            try:  # pyarrow reads the file itself: count it whole once it is done
+                self.bytes_read += os.path.getsize(path)
+            except OSError:
+                pass
+        self.files_done += 1
 
     def _text(self, path: Path, compression: str | None, name: str) -> Iterator[str]:
         try:
-            with _open_binary(path, compression) as f:
+            with _open_binary(path, compression, self) as f:
                 data = f.read()
         except (OSError, EOFError) as exc:
             raise DataError(f"{name}: cannot read ({exc}); check the file is complete") from None
@@ -136,7 +192,7 @@ class FileSource(Source):
     def _jsonl(self, path: Path, compression: str | None, name: str) -> Iterator[str]:
         field = self.text_field
         try:
-            with _open_binary(path, compression) as raw:
+            with _open_binary(path, compression, self) as raw:
                 for lineno, line in enumerate(io.BufferedReader(raw, 1 << 20), 1):
                     if not line.strip():
                         continue

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from stoker import Config, FlowSpec, current, retry, step, torchrun
+from stoker import Config, FlowSpec, current, monitor, retry, step, torchrun
 from stoker.errors import ConfigError
 from stoker.flow.parameters import load_config_file, parse_config_text
 
@@ -86,6 +86,7 @@ class LlamaPretrain(FlowSpec):
         self.next(self.train, num_parallel=self.nodes)
 
     @retry(times=2, minutes_between_retries=0)
+    @monitor(interval=1)  # CPU, GPUs, NeuronCores of every node: charts in `stoker ui`, a card per node
     @torchrun
     @step
     def train(self):

@@ -57,6 +57,7 @@ class Display:
         self.started = time.time()
         self._styles: dict[str, str] = {}
         self._last = 0.0
+        self._gangs = None  # a GangView once a gang runs
         self.console = console
         self.live = None
         if console is None and sys.stdout.isatty() and not os.environ.get("CI"):
@@ -89,6 +90,18 @@ class Display:
 
     def info(self, text: str, style: str = "") -> None:
         self._emit([(text, style)])
+
+    def gang(self, key: Any, label: str, states: list[str], now: float | None = None) -> None:
+        """One line with each node's state of a gang, when they changed (see :mod:`.gangview`)."""
+        if self.quiet:
+            return
+        if self._gangs is None:
+            from .gangview import GangView
+
+            self._gangs = GangView()
+        text = self._gangs.line(key, label, states, now)
+        if text:
+            self.info(text, style="dim")
 
     def count(self, state: str, delta: int = 1) -> None:
         self.counts[state] += delta

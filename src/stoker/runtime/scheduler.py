@@ -24,6 +24,7 @@ from ..store.blob import BlobStore
 from ..store.manifest import clone_manifest, log_name, read_manifest, write_manifest
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
+from .gangview import node_states
 from .jobs import build_unit, job_record_name, kill_request_name
 from .output import Display, TaskOutput
 from .package import stage_package
@@ -433,6 +434,8 @@ class Scheduler:
                 t.queued_reason = s.reason
                 if i == 0 or ref.kind != "array":
                     self.display.info(f"[{self._prefix(t)}] waiting in the {b.name} queue: {s.reason}", style="dim")
+        if ref.kind == "gang":
+            self.display.gang(key, f"{self.run_id}/{tasks[0].step}", node_states(tasks, ref, status), now)
         if self.stop_deadline and now > self.stop_deadline:
             for t in tasks:
                 if t.state == "running" and t.job is ref:

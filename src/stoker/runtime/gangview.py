@@ -1,0 +1,54 @@
+"""Each node's state of a gang (num_parallel) as one compact line, printed only when the states change:
+
+    [RUN/train] gang 4 nodes: 0 running, 1 running, 2 queued (Resources), 3 running
+
+At most one line a second per gang, but the last states of a gang (all nodes ended) always show.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+ENDED = ("done", "failed", "killed")
+MIN_GAP_S = 1.0
+
+
+def node_states(tasks: list[Any], ref: Any, status: Any) -> list[str]:
+    """The state of each node of the gang job ``ref``: queued (why) / running / stopping / done / failed /
+    killed, from the scheduler's tasks and the engine's member statuses."""
+    out = []
+    for i, t in enumerate(tasks):
+        if t.state == "ok":
+            out.append("done")
+        elif t.state != "running" or t.job is not ref:
+            out.append(t.state)  # failed, killed, or pending again for a retry
+        elif t.stopping:
+            out.append("stopping")
+        else:
+            s = status.member(i)
+            queued = s.state == "queued" and not s.started_at
+            out.append(("queued" + (f" ({s.reason})" if s.reason else "")) if queued else "running")
+    return out
+
+
+class GangView:
+    """Remembers what was last shown for each gang job and decides when to show a new line."""
+
+    def __init__(self, min_gap: float = MIN_GAP_S) -> None:
+        self.min_gap = min_gap
+        self.shown: dict[Any, tuple[list[str], float]] = {}
+
+    def line(self, key: Any, label: str, states: list[str], now: float | None = None) -> str | None:
+        """The line to print for these states, or None: unchanged, or the last line is under a second old
+        (the change then shows on a later call) unless every node has ended."""
+        now = time.time() if now is None else now
+        last, at = self.shown.get(key, (None, float("-inf")))
+        ended = all(s in ENDED for s in states)
+        if ended:
+            self.shown.pop(key, None)  # the gang job is over: nothing more to remember
+        if states == last or (not ended and now - at < self.min_gap):
+            return None
+        if not ended:
+            self.shown[key] = (list(states), now)
+        return f"[{label}] gang {len(states)} nodes: " + ", ".join(f"{i} {s}" for i, s in enumerate(states))
