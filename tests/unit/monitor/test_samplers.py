@@ -227,7 +227,8 @@ def test_cpu_of_a_grandchild_burning_a_core():
                                f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BURN!r}])"])
     try:
         deadline = time.time() + 20
-        while not any(c.children() for c in psutil.Process().children()) and time.time() < deadline:
+        # the spinner is the child of *our* child (the session may have other children: Slurm daemons ...)
+        while not psutil.Process(parent.pid).children() and time.time() < deadline:
             time.sleep(0.05)
         tree = [psutil.Process(), *psutil.Process().children(recursive=True)]
 
