@@ -64,7 +64,7 @@ def run_stoker(seconds: float, interval: float, folder: Path) -> tuple[float, in
     time.sleep(seconds)
     m.stop()
     cpu = time.process_time() - c0
-    names = [n for n in store.list(prefix) if n.endswith(".jsonl")]
+    names = [n for n in store.list(prefix) if n.endswith((".jsonl", ".jsonl.gz"))]
     size = sum(len(store.read(n)) for n in names)
     return cpu, len(read_series(store, prefix)), size, len(names)
 
@@ -175,10 +175,10 @@ def main() -> int:
     print(f"\nstore: {samples} samples in {chunks} chunks, {nbytes} bytes = {nbytes / max(samples, 1):.0f} bytes "
           f"per sample; a chunk every {chunk_seconds(a.interval):g} s = {WEEK / chunk_seconds(a.interval):,.0f} "
           f"objects per node-week")
-    print("| record | bytes per sample | per node-week | if chunks were gzipped |")
+    print("| record | bytes per sample (JSON) | per node-week (JSON) | per node-week as stored (gzip chunks) |")
     print("|---|---|---|---|")
-    print(f"| measured, cpu only | {nbytes / max(samples, 1):.0f} | {nbytes / max(samples, 1) * per_week / 1e6:.1f} MB "
-          f"| - |")
+    print(f"| measured, cpu only | - | - | {nbytes / max(samples, 1) * per_week / 1e6:.1f} MB "
+          f"({nbytes / max(samples, 1):.0f} bytes a sample) |")
     for name, (size, gz) in accelerator_record_sizes().items():
         print(f"| {name} | {size} | {size * per_week / 1e6:.1f} MB | {gz * per_week / 1e6:.1f} MB |")
     return 0
