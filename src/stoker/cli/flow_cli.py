@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -124,6 +126,28 @@ def _configs(raw: list[list[str]]) -> dict[str, str]:
     return out
 
 
+def _run_configs(flow_cls: type, raw: list[list[str]]) -> dict[str, str]:
+    """`--config [NAME] PATH` as {config name: path}, every file checked to exist before anything is created
+    (no store, no run record): a missing file is one message naming it and where it was looked for."""
+    configs = _configs(raw)
+    cfg_names = [p.name for p in flow_cls._run_inputs().values() if isinstance(p, Config)]
+    if "__single__" in configs:
+        if len(cfg_names) != 1:
+            raise ConfigError("--config PATH needs the flow to have exactly one Config; use --config NAME PATH "
+                              f"(configs: {', '.join(cfg_names) or 'none'})")
+        configs[cfg_names[0]] = configs.pop("__single__")
+    base = Path(inspect.getsourcefile(flow_cls) or sys.argv[0]).resolve().parent
+    for name, path in configs.items():
+        if name not in cfg_names:
+            continue  # start_run names the unknown config
+        p = Path(path)
+        where = [p] if p.is_absolute() else [Path.cwd() / p, base / p]  # as Config.resolve looks
+        if not any(c.is_file() for c in where):
+            raise ConfigError(f"--config {path}: no such file (looked for {' and '.join(map(str, where))}); "
+                              "pass the path of an existing TOML or JSON file")
+    return configs
+
+
 def _overrides(raw: list[str]) -> dict[str, Any]:
     out = {}
     for item in raw:
@@ -153,6 +177,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
 
         return print_logs(f"{flow_cls.__name__}/{args.pathspec}" if not args.pathspec.startswith(
             flow_cls.__name__ + "/") else args.pathspec, stderr=args.stderr)
+    configs = _run_configs(flow_cls, list(args.config)) if args.command == "run" else {}
     with_specs = list(args.global_with) + list(args.with_)
     router = StepRouter(flow_cls, default=args.backend, flow_file=sys.argv[0])
     if args.dry_run:
@@ -161,13 +186,6 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         return 0
     guard = start_guardian(flow_cls.__name__)
     if args.command == "run":
-        configs = _configs(list(args.config))
-        cfg_names = [p.name for p in flow_cls._run_inputs().values() if isinstance(p, Config)]
-        if "__single__" in configs:
-            if len(cfg_names) != 1:
-                raise ConfigError("--config PATH needs the flow to have exactly one Config; use --config NAME PATH "
-                                  f"(configs: {', '.join(cfg_names) or 'none'})")
-            configs[cfg_names[0]] = configs.pop("__single__")
         params = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
         result = start_run(flow_cls, router, params=params, config_paths=configs, overrides=_overrides(args.set),
                            with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,

@@ -24,6 +24,7 @@ class PackedDataset:
     def __init__(self, root: Path, manifest: dict, split: str = "train", verify: str = "lazy") -> None:
         if verify not in VERIFY:
             raise DataError(f"verify={verify!r} must be one of {VERIFY}")
+        layout.check_manifest(manifest, str(root / layout.MANIFEST))  # no shard path may leave ``root``
         if split not in manifest["splits"]:
             raise DataError(f"{root} has no {split!r} split (it has {sorted(manifest['splits'])}); prepare it with "
                             "a val_fraction large enough for a validation split (--val-fraction)")

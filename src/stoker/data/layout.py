@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -170,6 +171,47 @@ class DatasetRef:
         return self.url
 
 
+_FINGERPRINT = re.compile(r"[0-9A-Za-z_-]{1,128}")
+
+
+def _bad(where: str, entry: str, why: str) -> DataError:
+    return DataError(f"{where}: refusing {entry} ({why}); a dataset manifest may only name files inside its own "
+                     "dataset folder by relative paths like 'train/shard-00000.bin'. The manifest was not written "
+                     "by `stoker data prepare` (or was tampered with); prepare the dataset again with "
+                     "--overwrite and check who can write to its location")
+
+
+def safe_relative(path, where: str, entry: str) -> str:
+    """``path`` (a file name read from the manifest at ``where``) if it stays inside the dataset folder:
+    a non-empty relative POSIX path without ``..``/``.``, empty parts, backslashes, NUL or a drive."""
+    if not isinstance(path, str) or not path:
+        raise _bad(where, f"{entry}={path!r}", "not a non-empty string")
+    if path.startswith("/") or "\\" in path or "\x00" in path or re.match(r"[A-Za-z]:", path):
+        raise _bad(where, f"{entry}={path!r}", "an absolute path, a drive, a backslash or a NUL")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise _bad(where, f"{entry}={path!r}", f"an {'empty' if not part else repr(part)} path part")
+    return path
+
+
+def check_manifest(manifest: dict, where: str) -> dict:
+    """Refuse a manifest whose structure is not a dataset's or whose fingerprint or shard paths could
+    name anything outside the dataset folder (a manifest can come from a shared or remote store)."""
+    fp = manifest.get("fingerprint")
+    if not isinstance(fp, str) or not _FINGERPRINT.fullmatch(fp):
+        raise _bad(where, f"fingerprint={fp!r}", "not a plain name of letters, digits, '-' or '_'")
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict):
+        raise _bad(where, f"splits={type(splits).__name__}", "not a mapping of split names")
+    for name, split in splits.items():
+        shards = split.get("shards") if isinstance(split, dict) else None
+        if not isinstance(shards, list) or not all(isinstance(sh, dict) for sh in shards):
+            raise _bad(where, f"splits[{name!r}]", "no list of shard entries")
+        for i, shard in enumerate(shards):
+            safe_relative(shard.get("path"), where, f"splits[{name!r}].shards[{i}].path")
+    return manifest
+
+
 def parse_manifest(text: str, where: str) -> dict:
     try:
         manifest = json.loads(text)
@@ -179,7 +221,7 @@ def parse_manifest(text: str, where: str) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{where} is not a stoker dataset manifest (format {FORMAT!r}); prepare the dataset "
                         "with `stoker data prepare`")
-    return manifest
+    return check_manifest(manifest, where)
 
 
 def read_manifest(url: str) -> dict | None:
@@ -259,14 +301,18 @@ def _upload(staging: Path, target: str, *, overwrite: bool) -> None:
 
 def download(url: str, manifest: dict, dest: Path) -> None:
     """Copy a committed remote dataset to the local folder ``dest`` (atomically)."""
+    check_manifest(manifest, f"{url.rstrip('/')}/{MANIFEST}")  # its paths decide where files are written
     fs, root = filesystem(url)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir(parents=True)
     try:
         for split in manifest["splits"].values():
             for shard in split["shards"]:
-                (tmp / shard["path"]).parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(f"{root}/{shard['path']}", str(tmp / shard["path"]))
+                local = tmp / shard["path"]
+                if not local.resolve().is_relative_to(tmp.resolve()):  # belt and braces after check_manifest
+                    raise _bad(f"{url.rstrip('/')}/{MANIFEST}", repr(shard["path"]), "it leads out of the dataset")
+                local.parent.mkdir(parents=True, exist_ok=True)
+                fs.get_file(f"{root}/{shard['path']}", str(local))
         write_manifest(tmp, manifest)
         try:
             os.rename(tmp, dest)

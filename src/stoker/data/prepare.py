@@ -24,7 +24,7 @@ import numpy as np
 from stoker.data import layout
 from stoker.data.layout import DatasetRef
 from stoker.data.pack import REMAINDERS, SplitWriter, is_val_document, token_dtype
-from stoker.data.sources import DOC_SPLITS, Source, resolve_source
+from stoker.data.sources import DOC_SPLITS, Source, check_encoding, resolve_source
 from stoker.data.tokenizer import Tokenizer, load_tokenizer
 from stoker.errors import ConfigError, DataError
 
@@ -70,6 +70,7 @@ class PrepareConfig:
             raise ConfigError("shard_mb must be > 0, max_doc_chars >= 1000 and batch_chars >= 1")
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"num_workers={self.num_workers!r}: must be >= 1 (default: all cores)")
+        check_encoding(self.encoding, self.decode_errors)  # before the tokenizer loads or any folder exists
 
 
 def dataset_fingerprint(cfg: PrepareConfig, source: Source, tok: Tokenizer) -> str:
@@ -77,23 +78,41 @@ def dataset_fingerprint(cfg: PrepareConfig, source: Source, tok: Tokenizer) -> s
     key = {"format": layout.FORMAT, "source": source.fingerprint(), "tokenizer": tok.fingerprint,
            "block_size": cfg.block_size, "val_fraction": float(cfg.val_fraction), "remainder": cfg.remainder,
            "add_bos": cfg.add_bos, "add_eos": cfg.add_eos,
-           "max_doc_chars": None if tok.splits_long_texts else cfg.max_doc_chars}  # None: never cut
+           # None: never cut; "cut@ws": long documents are cut before a word, not at the exact limit
+           "max_doc_chars": None if tok.splits_long_texts else f"{cfg.max_doc_chars}:cut@ws"}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
+# Unicode White_Space (what tokenizers' ``\s`` means; str.isspace() also counts the \x1c-\x1f separators)
+_SPACES = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+                    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+def _cut(text: str, start: int, end: int) -> int:
+    """Where a piece of ``text[start:]`` at most ``end - start`` long ends: before the last whitespace
+    character that is followed by a non-space (the start of a word and its leading space), so no
+    word, and no run of spaces, is split; ``end`` itself when ``text[start:end]`` has none."""
+    for c in range(end, start, -1):
+        if text[c] in _SPACES and c + 1 < len(text) and text[c + 1] not in _SPACES:
+            return c
+    return end
+
+
 def _pieces(text: str, limit: int) -> list[str]:
-    """Cut a very long document at line breaks so that all cores share it (BOS/EOS still wrap the whole);
-    only for tokenizers that cannot spread one text over the cores themselves (``splits_long_texts``)."""
+    """Cut a very long document into pieces of at most ``limit`` characters so that all cores share it
+    (BOS/EOS still wrap the whole); only for tokenizers that cannot spread one text over the cores
+    themselves (``splits_long_texts``). Cuts fall before the space that opens a word (see :func:`_cut`),
+    where pre-tokenizers (GPT-2's regex, SentencePiece's spaces) cut anyway, so the ids equal the
+    tokenizer's on the whole text; only a stretch of ``limit`` characters without whitespace is cut
+    inside a word."""
     if len(text) <= limit:
         return [text]
     out, start = [], 0
-    while start < len(text):
-        end = min(len(text), start + limit)
-        if end < len(text):
-            cut = text.rfind("\n", start + limit // 2, end)
-            end = cut + 1 if cut >= 0 else end
+    while len(text) - start > limit:
+        end = _cut(text, start, start + limit)
         out.append(text[start:end])
         start = end
+    out.append(text[start:])
     return out
 
 
@@ -270,10 +289,13 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
     return ref
 
 
-def _batches(docs: Iterator[str], batch_chars: int) -> Iterator[list[str]]:
+def _batches(docs: Iterator[str], batch_chars: int, skipped: dict[str, int]) -> Iterator[list[str]]:
+    """Documents in batches of about ``batch_chars`` characters. Empty and whitespace-only documents are
+    left out (no BOS/EOS pair without text, no val/train slot) and counted in ``skipped["empty"]``."""
     batch, chars = [], 0
     for doc in docs:
         if not doc or doc.isspace():
+            skipped["empty"] += 1
             continue
         batch.append(doc)
         chars += len(doc)
@@ -301,9 +323,10 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     stop = threading.Event()
     read_q: queue.Queue = queue.Queue(maxsize=2)
     write_q: queue.Queue = queue.Queue(maxsize=2)
+    skipped = {"empty": 0}  # written by the reader thread, read once it has finished
 
     def read() -> None:
-        for batch in _batches(src.documents(), cfg.batch_chars):
+        for batch in _batches(src.documents(), cfg.batch_chars, skipped):
             _put(read_q, batch, stop)
             if stop.is_set():
                 return
@@ -368,7 +391,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     finally:
         progress.close()
     splits = {name: w.close() for name, w in writers.items()}
-    _check_splits(splits, cfg, src)
+    _check_splits(splits, cfg, src, skipped_empty=skipped["empty"])
     seconds = time.perf_counter() - t0
     stored = sum(s["num_tokens"] for s in splits.values())
     seen = progress.tokens
@@ -378,7 +401,8 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
         "settings": {k: v for k, v in asdict(cfg).items() if k not in ("output", "progress", "overwrite", "source",
                                                                       "tokenizer", "block_size")},
         "splits": splits,
-        "stats": {"seconds": round(seconds, 3), "documents": progress.docs, "tokens_encoded": seen,
+        "stats": {"seconds": round(seconds, 3), "documents": progress.docs,
+                  "documents_skipped_empty": skipped["empty"], "tokens_encoded": seen,
                   "tokens_stored": stored, "tokens_per_s": round(seen / max(seconds, 1e-9), 1),
                   "docs_per_s": round(progress.docs / max(seconds, 1e-9), 1)},
     }
@@ -389,11 +413,12 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     return manifest
 
 
-def _check_splits(splits: dict, cfg: PrepareConfig, src: Source) -> None:
+def _check_splits(splits: dict, cfg: PrepareConfig, src: Source, skipped_empty: int = 0) -> None:
     train, val = splits["train"], splits["val"]
     if train["num_documents"] + val["num_documents"] == 0:
-        raise DataError(f"source {cfg.source!r} holds no documents (empty corpus); check the path/glob, the "
-                        "text field and that the files are not empty")
+        empty = f", only {skipped_empty} empty or whitespace-only ones" if skipped_empty else ""
+        raise DataError(f"source {cfg.source!r} holds no documents (empty corpus{empty}); check the path/glob, "
+                        "the text field, --doc-split and that the files are not empty")
     if train["num_blocks"] == 0:
         total = train["dropped_tokens"]
         raise DataError(f"source {cfg.source!r} has only {total} training tokens, fewer than block_size="

@@ -8,6 +8,7 @@ the cache fingerprint. Every read error is a :class:`DataError` naming the file 
 
 from __future__ import annotations
 
+import codecs
 import glob as globlib
 import gzip
 import hashlib
@@ -107,6 +108,24 @@ def _open_binary(path: Path, compression: str | None, source: Source | None = No
     return raw
 
 
+def check_encoding(encoding: str, errors: str = "strict") -> None:
+    """Fail before anything is read or created when ``encoding`` is not a text codec Python knows or
+    ``errors`` is not a registered decode-error handler."""
+    try:
+        info = codecs.lookup(str(encoding))
+    except LookupError:
+        info = None
+    if info is None or not getattr(info, "_is_text_encoding", True):  # e.g. 'base64' is bytes-to-bytes
+        raise DataError(f"encoding={encoding!r} (--encoding) is not a text encoding Python knows; pass a codec "
+                        "name such as utf-8 (the default), latin-1, cp1252 or utf-16 (see Python's "
+                        "'Standard Encodings' list)")
+    try:
+        codecs.lookup_error(str(errors))
+    except LookupError:
+        raise DataError(f"errors={errors!r} (--decode-errors) is not a decode-error handler; pass 'strict', "
+                        "'replace' or 'ignore'") from None
+
+
 def _decode(data: bytes, where: str, encoding: str, errors: str) -> str:
     try:
         return data.decode(encoding, errors)
@@ -144,6 +163,7 @@ class FileSource(Source):
                  encoding: str = "utf-8", errors: str = "strict") -> None:
         if doc_split not in DOC_SPLITS:
             raise DataError(f"doc_split={doc_split!r} is not one of {DOC_SPLITS}; fix --doc-split")
+        check_encoding(encoding, errors)
         self.spec, self.files, self.text_field = spec, files, text_field
         self.doc_split, self.encoding, self.errors = doc_split, encoding, errors
         self.formats = [file_format(f) for f in files]  # fails early on an unsupported file

@@ -252,6 +252,8 @@ class Config:
             p = Path(src)
             if not p.is_absolute() and base_dir is not None and not p.exists():
                 p = base_dir / p
+            if self.parser and not p.is_file():
+                raise ConfigError(f"config file {p} does not exist: pass an existing TOML or JSON file")
             data = self.parser(p.read_text()) if self.parser else load_config_file(p)
         elif self.default_value is not None:
             data = self.default_value

@@ -5,7 +5,9 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -188,12 +190,17 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
                       with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit,
                       package=package)
     started = time.time()
+    # a closed terminal (SIGHUP) stops the run like Ctrl-C: tasks stopped, the run marked killed
+    old_hup = signal.signal(signal.SIGHUP, _on_hangup(sched)) if hasattr(signal, "SIGHUP") else None
     try:
         result = sched.run()
     except BaseException:
         sched._stop_all("the scheduler failed")  # never leave tasks running behind a crashed scheduler
         _finish_record(store, db, record, "failed")
         raise
+    finally:
+        if old_hup is not None:
+            signal.signal(signal.SIGHUP, old_hup)
     _finish_record(store, db, record, result.status)
     elapsed = time.time() - started
     if result.status == "succeeded":
@@ -204,6 +211,30 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
         display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; "
                      f"continue it with `python {_as_invoked(flow_file)} resume {run_id}`", style="bold red")
     return result
+
+
+def _on_hangup(sched: Scheduler) -> Callable[[int, Any], None]:
+    def on_hangup(signum: int, frame: Any) -> None:
+        _detach_from_terminal()
+        sched._on_sigint(signum, frame)  # the scheduler's loop stops every task, as on Ctrl-C
+
+    return on_hangup
+
+
+def _detach_from_terminal() -> None:
+    """The terminal is gone: a write to it fails (EIO) and would end the run half-stopped, so output that went
+    to it goes to /dev/null from now on. (A hung-up terminal is no longer a tty to isatty(); it still is a
+    character device, while a pipe or a log file is kept.)"""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
 
 
 def _as_invoked(flow_file: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -19,7 +20,7 @@ class TaskOutput:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
         self.paths = {s: log_dir / f"{s}.log" for s in ("stdout", "stderr")}
-        self.files: dict[str, IO[bytes]] = {s: open(p, "wb") for s, p in self.paths.items()}  # noqa: SIM115
+        self.files: dict[str, IO[bytes]] = _open_logs(log_dir, list(self.paths))
         self.partial = {"stdout": b"", "stderr": b""}
         self.tail: deque[str] = deque(maxlen=30)
 
@@ -44,6 +45,40 @@ class TaskOutput:
 
     def read(self, stream: str) -> bytes:
         return self.paths[stream].read_bytes()
+
+
+def private_log_root() -> Path:
+    """A fresh folder only this user can enter (``mkdtemp``: mode 0700), for a scheduler given no log folder.
+    Never a predictable shared path such as ``/tmp/stoker-logs``, where another user could plant symlinks."""
+    return Path(tempfile.mkdtemp(prefix="stoker-logs-"))
+
+
+def _open_logs(log_dir: Path, streams: list[str]) -> dict[str, IO[bytes]]:
+    """``<stream>.log`` files in ``log_dir``, created 0600 without following a symlink: neither the folder nor
+    a file planted in it may redirect a task's output (which can hold secrets) elsewhere."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    try:
+        dfd = os.open(log_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow)
+    except OSError as e:
+        raise OSError(e.errno, f"task log folder {log_dir} cannot be opened ({e.strerror}); it must be a real "
+                               f"folder, not a symlink") from None
+    files: dict[str, IO[bytes]] = {}
+    try:
+        for s in streams:
+            try:
+                fd = os.open(f"{s}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | nofollow, 0o600,
+                             dir_fd=dfd)
+            except OSError as e:
+                raise OSError(e.errno, f"task log {log_dir / (s + '.log')} cannot be created ({e.strerror}); "
+                                       f"remove it if it is a symlink") from None
+            files[s] = os.fdopen(fd, "wb")
+    except BaseException:
+        for f in files.values():
+            f.close()
+        raise
+    finally:
+        os.close(dfd)
+    return files
 
 
 class Display:

@@ -26,7 +26,7 @@ from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
 from .gangview import node_states
 from .jobs import build_unit, job_record_name, kill_request_name
-from .output import Display, TaskOutput
+from .output import Display, TaskOutput, private_log_root
 from .package import stage_package
 from .resources import ResourcePool, step_resources
 from .spec import TaskSpec
@@ -106,7 +106,7 @@ class Scheduler:
         self.rerun_steps = rerun_steps or set()
         self.flow_file, self.with_specs = flow_file, with_specs or []
         self.display = display or Display(f"{self.flow}/{run_id}")
-        self.log_root = log_root or Path(os.environ.get("TMPDIR", "/tmp")) / "stoker-logs"
+        self.log_root = log_root or private_log_root()  # never a predictable shared /tmp path
         self.tasks: list[Task] = []
         self.joins: dict[tuple, dict[int, Task]] = {}
         self.pool: ResourcePool | None = None  # admission for backends on this machine

@@ -90,6 +90,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
                for i in spec.inputs]
     _install_run_inputs(flow_cls)
     tmp = tempfile.mkdtemp(prefix=f"stoker-{spec.step}-{spec.task_id}-")
+    term_cleanup = _remove_on_sigterm(tmp)
     par = ParallelInfo(**spec.parallel) if spec.parallel else ParallelInfo()
     current._set(flow_name=spec.flow, run_id=spec.run_id, step_name=spec.step, task_id=spec.task_id,
                  retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
@@ -173,7 +174,27 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     sys.stderr.flush()
     write_manifest(store, manifest)
     shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
+    if term_cleanup:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
+
+
+def _remove_on_sigterm(path: str) -> bool:
+    """A task stopped by SIGTERM (a gang's fail-fast, a cancel) still dies by that signal, but without leaving
+    its temp folder behind. Only where nobody else handles SIGTERM (a task process, not a scheduler)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False
+
+    def on_term(signum: int, frame: Any) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    return True
 
 
 def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph) -> dict[str, Any]:

@@ -112,6 +112,7 @@ class TorchrunHelper:
     precompile: bool | Mapping[str, Any] = False
     neuron: bool | None = None  # None: the step asks for Neuron devices, or the node has some
     accelerators: Callable[[], Accelerators] | None = None  # replaces the node's detection (tests)
+    log_dir: str | None = None  # torchrun's own log folder: under the task's tempdir, removed with it
 
     @classmethod
     def for_task(cls, func: Any, par: ParallelInfo) -> TorchrunHelper:
@@ -129,7 +130,8 @@ class TorchrunHelper:
                    options={k: v for k, v in (batch.attributes if batch else {}).items() if v is not None},
                    store_url=current.get("store_url"),
                    neuron_cache=attrs.get("neuron_cache", neuron_cache.DEFAULT_PREFIX) or None,
-                   precompile=attrs.get("precompile") or False)
+                   precompile=attrs.get("precompile") or False,
+                   log_dir=os.path.join(current.get("tempdir"), "torchrun") if current.get("tempdir") else None)
 
     @property
     def request(self) -> dict[str, Any]:
@@ -157,6 +159,8 @@ class TorchrunHelper:
                f"--max_restarts={self.max_restarts}"]
         if self.nnodes > 1:  # nodes of a cluster job may start minutes apart (image pulls)
             cmd += [f"--rdzv_conf=timeout={self.rdzv_timeout}"]
+        if self.log_dir:  # else torchrun leaves a torchelastic_* folder in /tmp behind every attempt
+            cmd += [f"--log-dir={self.log_dir}"]
         if self.tee:
             cmd += ["--tee=3"]  # every rank's output, prefixed with its rank, on this node's log
         cmd += (["-m", entrypoint] if is_module else [entrypoint]) + _args_list(args)

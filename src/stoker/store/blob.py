@@ -135,14 +135,16 @@ class BlobStore(ABC):
 class LocalBlobStore(BlobStore):
     """A blob store in a local folder (the default: ``$STOKER_HOME/store``).
 
-    Blobs are written to ``.tmp/`` and renamed into place, made read-only, and are not fsynced unless
-    ``fsync_blobs=True`` (their key lets ``verify_blob`` detect a torn blob after a crash); named objects
-    (manifests, pointers) are fsynced before the rename unless written with ``durable=False``. The
-    folder itself is not fsynced after a rename (it costs 3x the file's fsync here): after a power cut
-    a just-renamed object may be missing, never torn.
+    Blobs are written to ``.tmp/``, fsynced, renamed into place and made read-only, and their folder is
+    fsynced after the rename: a put returns only once the blob would survive a power cut, so a manifest
+    written after it never names a missing or torn blob. A put that finds the blob already there checks
+    its size and rewrites a torn one (``verify_blob`` re-hashes). ``fsync_blobs=False`` skips both fsyncs
+    (for scratch stores whose content may be lost). Named objects (manifests, pointers) are fsynced
+    before the rename unless written with ``durable=False``; their folder is not fsynced (it costs 3x
+    the file's fsync here): after a power cut a just-renamed object may be missing, never torn.
     """
 
-    def __init__(self, root: str | os.PathLike, *, fsync_blobs: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike, *, fsync_blobs: bool = True) -> None:
         self.root = Path(root).expanduser().resolve()
         self.url = str(self.root)
         self.fsync_blobs = fsync_blobs
@@ -163,20 +165,57 @@ class LocalBlobStore(BlobStore):
     def _tempfile(self) -> tuple[int, str]:
         return tempfile.mkstemp(dir=self._tmp, prefix="put-")
 
-    def _commit_blob(self, tmp: str, key: str) -> None:
+    def _have_blob(self, dest: Path, size: int) -> bool:
+        """Whether blob file ``dest`` exists with ``size`` bytes. One of another size was torn (a power cut
+        before blobs were fsynced, a full disk, a bad copy): it is reported, and the caller rewrites it."""
+        try:
+            found = dest.stat().st_size
+        except FileNotFoundError:
+            return False
+        if found == size:
+            return True
+        log.warning("blob %s in %s has %d bytes instead of %d (torn by a crash or a bad copy): rewriting it",
+                    dest.name, self.url, found, size)
+        return False
+
+    def _sync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _place(self, src: str | os.PathLike, dest: Path) -> None:
+        """Rename the (fsynced, read-only) file ``src`` to the blob file ``dest`` and make the rename durable."""
+        try:
+            dest.parent.mkdir()
+            new_folder = True
+        except FileExistsError:
+            new_folder = False
+        os.replace(src, dest)  # replaces a torn blob too: renaming needs no write access to the old file
+        if self.fsync_blobs:
+            self._sync_dir(dest.parent)
+            if new_folder:
+                self._sync_dir(self._blobs)
+
+    def _commit_blob(self, tmp: str, key: str, size: int) -> None:
         """Rename a fully written temp file to blob ``key`` (or drop it if the blob already exists)."""
         dest = self._blob_file(key)
-        if dest.exists():
+        if self._have_blob(dest, size):
             os.unlink(tmp)
             return
         os.chmod(tmp, 0o444)  # blobs are immutable; numpy may map them
-        dest.parent.mkdir(exist_ok=True)
-        os.replace(tmp, dest)
+        self._place(tmp, dest)
+
+    def _write_failed(self, e: OSError) -> StoreError:
+        fix = ("free space on its file system or point STOKER_STORE elsewhere" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+               else "check that the folder is writable and its disk healthy")
+        return StoreError(f"cannot write a blob to the store {self.url}: {e}; {fix}")
 
     # --- blobs -------------------------------------------------------------------------------------
     def put_bytes(self, data: bytes | memoryview) -> str:
         key = hashlib.sha256(data).hexdigest()
-        if not self._blob_file(key).exists():
+        if not self._have_blob(self._blob_file(key), memoryview(data).nbytes):
             self._write_tmp_and_commit([data], key)
         return key
 
@@ -184,21 +223,35 @@ class LocalBlobStore(BlobStore):
         return self._write_tmp_and_commit(chunks, None)
 
     def _write_tmp_and_commit(self, chunks: Iterable[bytes | memoryview], key: str | None) -> str:
-        fd, tmp = self._tempfile()
+        try:
+            fd, tmp = self._tempfile()
+        except OSError as e:
+            raise self._write_failed(e) from e
         h = _PipelinedHash() if key is None else None
+        size = 0
         try:
             with os.fdopen(fd, "wb", buffering=0) as f:
                 for chunk in chunks:
                     if h is not None:
                         h.update(chunk)
                     view = memoryview(chunk).cast("B")
-                    while view.nbytes:  # raw writes may be partial
-                        n = f.write(view)
-                        view = view[n:]
+                    size += view.nbytes
+                    try:
+                        while view.nbytes:  # raw writes may be partial
+                            n = f.write(view)
+                            view = view[n:]
+                    except OSError as e:
+                        raise self._write_failed(e) from e
                 if self.fsync_blobs:
-                    os.fsync(f.fileno())
+                    try:
+                        os.fsync(f.fileno())  # the content is on disk before the name points at it
+                    except OSError as e:
+                        raise self._write_failed(e) from e
             key = key if h is None else h.hexdigest()
-            self._commit_blob(tmp, key)
+            try:
+                self._commit_blob(tmp, key, size)
+            except OSError as e:
+                raise self._write_failed(e) from e
         except BaseException:
             if h is not None:
                 h.close()
@@ -215,17 +268,26 @@ class LocalBlobStore(BlobStore):
             return self.put_stream(file_chunks(path))
         key = hash_file(path)
         dest = self._blob_file(key)
-        if dest.exists():
+        if self._have_blob(dest, path.stat().st_size):
+            path.unlink()
+            return key
+        if path.stat().st_dev != self._tmp.stat().st_dev:  # another file system: copy, then remove the source
+            self.put_stream(file_chunks(path))
             path.unlink()
             return key
         try:
+            if self.fsync_blobs:
+                fd = os.open(path, os.O_RDONLY)  # its writer may not have synced it
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             os.chmod(path, 0o444)
-            dest.parent.mkdir(exist_ok=True)
-            os.replace(path, dest)
+            self._place(path, dest)
         except OSError as e:
             if e.errno != errno.EXDEV:
-                raise
-            self.put_stream(file_chunks(path))  # another file system: copy, then remove the source
+                raise self._write_failed(e) from e
+            self.put_stream(file_chunks(path))  # another file system after all (a bind mount): copy
             path.unlink()
         return key
 

@@ -164,19 +164,52 @@ class MetadataDB:
     def __repr__(self) -> str:
         return f"MetadataDB({str(self.path)!r})"
 
+    def _write_error(self, e: sqlite3.Error) -> StoreError:
+        """A StoreError for a failed write to the database: what failed and how to fix it."""
+        msg = str(e)
+        code = getattr(e, "sqlite_errorcode", -1) & 0xFF  # the primary code of an extended one
+        if code == sqlite3.SQLITE_FULL or "disk is full" in msg or "disk full" in msg:
+            fix = f"free space on the file system of {self.path.parent} and retry"
+        elif code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in msg or "busy" in msg:
+            fix = (f"another process holds it locked for longer than {_BUSY_TIMEOUT_S:.0f} s (the scheduler is "
+                   f"its only writer: is another stoker run using this STOKER_HOME?); retry when it is done")
+        else:
+            fix = "check that the file and its folder are writable (set STOKER_HOME to a writable folder)"
+        return StoreError(f"cannot write the metadata database {self.path}: {msg}; nothing was written: {fix}")
+
+    def _rollback(self) -> None:
+        """End the open transaction, if any (SQLite may already have rolled it back itself)."""
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error as e:  # the original error matters more
+                log.warning("rolling back a failed write to %s failed too: %s", self.path, e)
+
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed if the body returns, rolled back if it raises.
+        A failed COMMIT (disk full, a lock held too long) is rolled back too, so the connection is never
+        left inside a transaction, and every SQLite error comes out as a StoreError naming the fix."""
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as e:
-                raise StoreError(f"cannot write the metadata database {self.path}: {e}") from e
+                self._rollback()
+                raise self._write_error(e) from e
             try:
                 yield self._conn
+            except sqlite3.Error as e:
+                self._rollback()
+                raise self._write_error(e) from e
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise
-            self._conn.execute("COMMIT")
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as e:
+                # a failed COMMIT leaves the transaction open (SQLITE_BUSY) or half-ended: roll it back
+                self._rollback()
+                raise self._write_error(e) from e
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
         with self._lock:

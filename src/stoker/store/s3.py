@@ -3,6 +3,11 @@
 Same layout as the local store under ``s3://bucket/prefix``. S3 PUTs are atomic, so named objects need
 no temp+rename; large blobs go up with boto3's managed (multipart) transfer. Downloaded blobs are kept
 in a local cache (``$STOKER_HOME/cache`` by default) so ``blob_path`` can hand numpy a real file.
+
+Nothing read from S3 is trusted: every download is hashed and must match its key (a blob overwritten
+or damaged in the bucket is refused, never cached). A cached blob is hashed when it enters the cache,
+which records its size next to it (``<key>.size``); every later use checks that size, and a cached copy
+without a record is hashed again. A damaged cached copy is deleted and downloaded again.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from stoker.store.blob import BlobStore, check_key, check_name, hash_file
 from stoker.store.paths import default_cache_dir
 
 log = logging.getLogger(__name__)
+
+
+class _CorruptBlob(StoreError):
+    """A blob whose content in S3 does not hash to its key."""
 
 
 def _is_missing(err: Exception) -> bool:
@@ -82,6 +91,57 @@ class S3BlobStore(BlobStore):
     def _cache_file(self, key: str) -> Path:
         return self._cache_blobs / key[:2] / key
 
+    def _size_file(self, key: str) -> Path:
+        return self._cache_blobs / key[:2] / f"{key}.size"
+
+    def _corrupt(self, key: str, got: str) -> _CorruptBlob:
+        return _CorruptBlob(
+            f"blob {key} in the store {self.url} is corrupted: the object s3://{self.bucket}/{self._blob_key(key)} "
+            f"hashes to {got}, not to its key (it was overwritten or damaged in the bucket); the download was "
+            f"discarded. Store the original content again (re-run the step that produced it), or delete the "
+            f"object so the blob is reported missing")
+
+    def _drop_cached(self, key: str) -> None:
+        for path in (self._cache_file(key), self._size_file(key)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def _cached(self, key: str) -> Path | None:
+        """The cached copy of blob ``key`` if there is one and it is intact, else None (a damaged copy is
+        deleted). Intact: the size recorded when it entered the cache, or (no record) its hash."""
+        dest = self._cache_file(key)
+        try:
+            size = dest.stat().st_size
+        except FileNotFoundError:
+            return None
+        try:
+            recorded: int | None = int(self._size_file(key).read_text())
+        except (OSError, ValueError):
+            recorded = None
+        if recorded is None:  # cached before sizes were recorded, or the record was lost: hash it once
+            if hash_file(dest) == key:
+                self._record_size(key, size)
+                return dest
+            problem = "its content does not hash to its key"
+        elif size == recorded:
+            return dest
+        else:
+            problem = f"it has {size} bytes instead of {recorded}"
+        log.warning("the cached copy %s of blob %s is damaged (%s): deleting it and downloading the blob again",
+                    dest, key, problem)
+        self._drop_cached(key)
+        return None
+
+    def _record_size(self, key: str, size: int) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self._cache_tmp, prefix="size-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(str(size))
+            os.replace(tmp, self._size_file(key))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
     def _absent(self, err: Exception, s3key: str) -> bool:
         """Is `s3key` missing? S3 answers 403, not 404, for a missing key to a caller who may read objects but
         not list the whole bucket (a job role limited to the store's prefix): a listing of the key settles it."""
@@ -106,12 +166,19 @@ class S3BlobStore(BlobStore):
             with _s3_errors(f"checking {s3key}", self.url):
                 raise
 
-    def _keep_in_cache(self, tmp: str, key: str) -> None:
+    def _keep_in_cache(self, tmp: str, key: str, *, verified: bool) -> None:
+        """Move the file ``tmp`` into the cache as blob ``key``. Unless ``verified`` (hashed while written),
+        it is hashed first: a file that does not match its key is deleted and a StoreError raised."""
+        if not verified and (got := hash_file(tmp)) != key:
+            os.unlink(tmp)
+            raise self._corrupt(key, got)
+        size = os.path.getsize(tmp)
         dest = self._cache_file(key)
-        if dest.exists():
+        dest.parent.mkdir(exist_ok=True)
+        if self._cached(key) is not None:  # another process cached it meanwhile
             os.unlink(tmp)
             return
-        dest.parent.mkdir(exist_ok=True)
+        self._record_size(key, size)  # before the blob: a cached blob always has its size recorded
         os.chmod(tmp, 0o444)
         os.replace(tmp, dest)
 
@@ -134,7 +201,7 @@ class S3BlobStore(BlobStore):
                     f.write(chunk)
             key = h.hexdigest()
             self._upload(tmp, key)
-            self._keep_in_cache(tmp, key)
+            self._keep_in_cache(tmp, key, verified=True)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -157,15 +224,19 @@ class S3BlobStore(BlobStore):
         return key
 
     def get_bytes(self, key: str) -> bytes:
-        cached = self._cache_file(check_key(key))
-        if cached.exists():
+        cached = self._cached(check_key(key))
+        if cached is not None:
             return cached.read_bytes()
-        return self._get(self._blob_key(key), f"blob {key}", f"blob {key} is missing from the store {self.url}")
+        data = self._get(self._blob_key(key), f"blob {key}", f"blob {key} is missing from the store {self.url}")
+        if (got := hashlib.sha256(data).hexdigest()) != key:
+            raise self._corrupt(key, got)
+        return data
 
     def blob_path(self, key: str) -> Path:
-        dest = self._cache_file(check_key(key))
-        if dest.exists():
+        dest = self._cached(check_key(key))
+        if dest is not None:
             return dest
+        dest = self._cache_file(key)
         if not self._head(self._blob_key(key)):
             raise StoreError(f"blob {key} is missing from the store {self.url}")
         fd, tmp = tempfile.mkstemp(dir=self._cache_tmp, prefix="get-")
@@ -173,7 +244,7 @@ class S3BlobStore(BlobStore):
         try:
             with _s3_errors(f"downloading blob {key}", self.url):
                 self.client.download_file(self.bucket, self._blob_key(key), tmp)
-            self._keep_in_cache(tmp, key)
+            self._keep_in_cache(tmp, key, verified=False)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -181,6 +252,19 @@ class S3BlobStore(BlobStore):
 
     def has_blob(self, key: str) -> bool:
         return self._head(self._blob_key(key))
+
+    def verify_blob(self, key: str) -> bool:
+        """Whether blob ``key`` matches its key: its cached copy, else a fresh download, is hashed."""
+        for _ in range(2):
+            try:
+                path = self.blob_path(key)
+            except _CorruptBlob:
+                return False
+            if hash_file(path) == key:
+                return True
+            log.warning("the cached copy %s of blob %s does not hash to its key: downloading it again", path, key)
+            self._drop_cached(key)
+        return False
 
     # --- named objects -----------------------------------------------------------------------------
     def write(self, name: str, data: bytes, *, durable: bool = True) -> None:

@@ -14,6 +14,7 @@ not match it, is never loaded. Only the last ``keep`` checkpoints stay.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -42,19 +43,53 @@ def step_name(step: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG a training step may touch (torch CPU/CUDA, numpy, python)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG a training step may touch (torch CPU/CUDA, numpy, python), as tensors and plain Python
+    values only, so that it loads with ``torch.load(weights_only=True)`` (no pickled objects)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": None if gauss_next is None else float(gauss_next)},
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()  # this rank's device only: a resume may see fewer GPUs
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(x) for x in p["internal"].tolist()), p["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def load_trainer_state(data: bytes | io.BytesIO, where: str) -> dict[str, Any]:
+    """The trainer's own state (step, schedule, loader position, RNGs) from a checkpoint, read with
+    ``torch.load(weights_only=True)``: tensors and plain values only, never code. Anyone who can write
+    to a checkpoint folder could otherwise run code on every rank that resumes from it."""
+    buf = data if isinstance(data, io.BytesIO) else io.BytesIO(data)
+    buf.seek(0)
+    try:
+        state = torch.load(buf, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError (or RuntimeError) for anything but plain data
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"checkpoint {where}: its trainer state is not plain tensors and values ({first[:200]}); it was "
+            "written by an older stoker or tampered with, and is not unpickled. Resume from a checkpoint written "
+            "by this version, or start fresh with checkpoint.resume='never' (--set checkpoint.resume=never)"
+        ) from None
+    if not isinstance(state, dict) or not {"step", "schedule", "loader", "rng"} <= state.keys():
+        raise CheckpointError(f"checkpoint {where}: its trainer state lacks step/schedule/loader/rng; it is "
+                              "damaged; resume from another checkpoint")
+    return state
 
 
 def _split(url: str) -> tuple[str, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,8 +167,68 @@ ALIASES = {
 }
 
 
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a table"}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _expected_type(key: str) -> Any:
+    """The declared type of a dotted setting (``train.steps`` -> int), or None when unknown."""
+    parts = key.split(".")
+    if parts == ["out_dir"]:
+        return str
+    if len(parts) != 2:
+        return None
+    section, name = parts
+    if section == "model":
+        if name in ("name", "init_from"):
+            return str
+        return _field_types(LlamaConfig).get(name)
+    cls = _SECTIONS.get(section)
+    return _field_types(cls).get(name) if cls is not None else None
+
+
+def _check_type(key: str, value: Any, expected: Any, source: str) -> Any:
+    """``value`` as the declared type, or a :class:`ConfigError` naming the key, the value and the type."""
+    if expected is None or expected is Any:
+        return value
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):  # e.g. dict[str, Any] | None
+        options = [a for a in typing.get_args(expected) if a is not type(None)]
+        if value is None:
+            return value
+        return _check_type(key, value, options[0] if len(options) == 1 else None, source)
+    base = origin or expected
+    ok = False
+    if base is bool:
+        ok = isinstance(value, bool)
+    elif base is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif base in (str, dict):
+        ok = isinstance(value, base)
+    else:
+        return value
+    if not ok:
+        where = "" if source == "overrides" else f" (in {source})"
+        raise ConfigError(f"{key}={value!r}: expected {_TYPE_WORDS[base]}{where}")
+    return value
+
+
+def _check_section(section: str, cls: type, values: dict[str, Any], source: str) -> dict[str, Any]:
+    hints = _field_types(cls)
+    return {k: _check_type(f"{section}.{k}", v, hints.get(k), source) for k, v in values.items()}
+
+
 def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
-    """Build a validated :class:`TrainConfig` from nested dicts (TOML layout)."""
+    """Build a validated :class:`TrainConfig` from nested dicts (TOML layout).
+
+    Every value is checked against its declared type first, so ``train.steps='abc'`` fails with one
+    message naming the setting, the value and the expected type."""
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for key in list(raw):  # flat aliases: {"data": url, "steps": 200, "checkpoint_dir": ...}
         if key in ALIASES and not isinstance(raw[key], dict) and not dataclasses.is_dataclass(raw[key]):
@@ -178,16 +240,21 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
             target[name] = value
     kwargs: dict[str, Any] = {}
     if "out_dir" in raw:
-        kwargs["out_dir"] = str(raw.pop("out_dir"))
+        kwargs["out_dir"] = _check_type("out_dir", raw.pop("out_dir"), str, source)
     model = raw.pop("model", {}) or {}
     if isinstance(model, ModelSection):
         kwargs["model"] = model
     else:
+        if not isinstance(model, dict):
+            raise ConfigError(f"model={model!r}: expected a table ([model] with name = ... or its settings)"
+                              + ("" if source == "overrides" else f" (in {source})"))
         model = dict(model)
-        overrides = dict(model.pop("overrides", {}) or {})
+        overrides = dict(_check_type("model.overrides", model.pop("overrides", {}) or {}, dict, source))
         overrides.update(model)
-        name = overrides.pop("name", "")
-        init_from = str(overrides.pop("init_from", ""))
+        name = _check_type("model.name", overrides.pop("name", ""), str, source)
+        init_from = _check_type("model.init_from", overrides.pop("init_from", ""), str, source)
+        hints = _field_types(LlamaConfig)
+        overrides = {k: _check_type(f"model.{k}", v, hints.get(k), source) for k, v in overrides.items()}
         kwargs["model"] = ModelSection(name=name, overrides=overrides, init_from=init_from)
     for key, value in raw.items():
         cls = _SECTIONS.get(key)
@@ -196,11 +263,15 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
         if dataclasses.is_dataclass(value):
             kwargs[key] = value
             continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a table ([{key}] with its settings)"
+                              + ("" if source == "overrides" else f" (in {source})"))
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = set(value) - valid
         if unknown:
             raise ConfigError(f"{source}: unknown setting(s) {sorted(f'{key}.{u}' for u in unknown)}; "
                               f"valid in [{key}]: {sorted(valid)}")
+        value = _check_section(key, cls, value, source)
         try:
             kwargs[key] = cls(**value)
         except TypeError as e:
@@ -208,7 +279,9 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
     return TrainConfig(**kwargs)
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, expected: Any = None) -> Any:
+    if expected is str and not text.startswith(("'", '"')):
+        return text  # a string setting keeps its text as given (``--checkpoint-dir 2024``, ``--data 1e3``)
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -231,7 +304,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node[parts[-1]] = _parse_value(text.strip())
+        node[parts[-1]] = _parse_value(text.strip(), _expected_type(key))
     return raw
 
 

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from stoker.errors import CheckpointError, ConfigError, DataError, TrainingError
-from stoker.train.checkpoint import Checkpointer, resolve_resume, rng_state, set_rng_state
+from stoker.train.checkpoint import Checkpointer, load_trainer_state, resolve_resume, rng_state, set_rng_state
 from stoker.train.config import TrainConfig, as_config
 from stoker.train.data_source import make_loader, open_training_data
 from stoker.train.metrics import MetricsWriter, flops_per_token
@@ -177,9 +177,7 @@ class Trainer:
             set_model_state_dict(self.model, state["model"])
             if "step" in state["optim_flat"]:
                 set_step(self.optimizer, self.model, state["optim_flat"]["step"])
-        extra = state[key]
-        extra.seek(0)
-        trainer_state = torch.load(extra, weights_only=False)
+        trainer_state = load_trainer_state(state[key], url)  # weights_only: a checkpoint never runs code
         self.step = int(trainer_state["step"])
         self.schedule.load_state_dict(trainer_state["schedule"])
         try:
