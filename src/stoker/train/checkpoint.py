@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import uuid
 from concurrent.futures import Future
@@ -36,6 +37,20 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 LATEST = "latest"
 PREFIX = "step_"
+
+
+def parse_manifest(text: str, where: str) -> dict[str, Any]:
+    """A checkpoint manifest, or CheckpointError naming it when it is truncated or not one (a reader then falls
+    back to an earlier checkpoint or refuses with one line)."""
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        raise CheckpointError(f"{where} is not valid JSON ({e}): the checkpoint is damaged; use an earlier one") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(m, dict) and "sha256" in m and "bytes" in m
+                                              for m in files.values()):
+        raise CheckpointError(f"{where} lists no files with checksums: the checkpoint is damaged; use an earlier one")
+    return manifest
 
 
 def step_name(step: int) -> str:
@@ -275,7 +290,7 @@ class Checkpointer:
         if not self.store.exists(name, MANIFEST):
             raise CheckpointError(f"{self.store.url(name)} has no {MANIFEST}: the checkpoint was never committed "
                                   "(torn write); resume from an earlier checkpoint")
-        manifest = json.loads(self.store.read_text(name, MANIFEST))
+        manifest = parse_manifest(self.store.read_text(name, MANIFEST), self.store.url(name, MANIFEST))
         present = self.store.files(name)
         for rel, meta in manifest["files"].items():
             if rel not in present:
@@ -291,7 +306,10 @@ class Checkpointer:
         names = sorted((n for n in self.store.list() if n.startswith(PREFIX)), reverse=True)
         if self.store.exists(LATEST):
             pointed = self.store.read_text(LATEST).strip()
-            names = [pointed] + [n for n in names if n != pointed]
+            if re.fullmatch(rf"{PREFIX}\d+", pointed):  # a pointer is a checkpoint's name, never a path
+                names = [pointed] + [n for n in names if n != pointed]
+            else:
+                log.warning("ignoring %s: it holds %r, not a checkpoint name", self.store.url(LATEST), pointed[:80])
         for name in names:
             try:
                 self.verify(name)

@@ -420,8 +420,10 @@ def _verified_manifest(fs: Any, ckpt: str) -> dict[str, Any]:
 
     if not fs.exists(f"{ckpt}/{_MANIFEST}"):
         raise CheckpointError(f"export: {ckpt} has no {_MANIFEST}: it was never committed; use an earlier checkpoint")
+    from .checkpoint import parse_manifest
+
     with fs.open(f"{ckpt}/{_MANIFEST}", "r") as f:
-        manifest = json.load(f)
+        manifest = parse_manifest(f.read(), f"export: {ckpt}/{_MANIFEST}")
     for rel, meta in manifest.get("files", {}).items():
         h, size = hashlib.sha256(), 0
         try:

@@ -177,3 +177,26 @@ def test_checkpoints_on_s3_commit_in_place_and_resume_bitwise(tmp_path: Path, to
     assert resumed["losses"] == full["losses"][3:]
     a, b = weights(full["checkpoint"]), weights(resumed["checkpoint"])
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_a_manifest", "pointer_is_a_path"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, tokens: Path, damage: str):
+    """A truncated manifest (or one that is not a manifest, or a `latest` holding a path) used to crash
+    auto-resume with a JSON traceback: the newest valid checkpoint is used instead, and export refuses in one line."""
+    from stoker.train.hf import export_from_checkpoint
+
+    r = run_training(cfg(tmp_path / "a", tokens, checkpoint={"every": 2}))
+    ck = Path(r["checkpoint_dir"])
+    newest = ck / "step_00000005" / "manifest.json"
+    if damage == "truncated":
+        newest.write_text(newest.read_text()[:40])
+    elif damage == "not_a_manifest":
+        newest.write_text('["a list"]')
+    else:
+        (ck / "latest").write_text("../../etc")
+        (ck / "step_00000005" / "manifest.json").unlink()
+    auto = run_training(cfg(tmp_path / "a", tokens, train={"steps": 6}))
+    assert auto["resumed_from"].endswith("step_00000004") and len(auto["losses"]) == 2
+    if damage != "pointer_is_a_path":
+        with pytest.raises(CheckpointError, match="step_00000005/manifest.json"):
+            export_from_checkpoint(str(ck / "step_00000005"), tmp_path / "out")
