@@ -1,4 +1,7 @@
-PY ?= python3
+# The Python stoker runs with: $PYTHON, the active venv/conda env, else the project's .venv (scripts/python-env).
+# Its bin/ goes first on PATH, so `stoker`, `python` and `torchrun` in the commands below are that env's.
+STOKER_PY := $(shell scripts/python-env)
+ENV_PATH := PATH="$(dir $(STOKER_PY)):$$PATH"
 
 .PHONY: setup quickstart test lint bench
 
@@ -6,10 +9,10 @@ setup:
 	./scripts/setup
 
 quickstart: setup
-	stoker quickstart
+	$(ENV_PATH) stoker quickstart
 
 test: setup
-	$(PY) -m pytest -q
+	$(ENV_PATH) "$(STOKER_PY)" -m pytest -q
 
 lint:
-	ruff check src tests examples benchmarks
+	$(ENV_PATH) ruff check src tests examples benchmarks

@@ -39,7 +39,8 @@ from stoker.backends.aws.render import BatchOptions
 
 HOST_ENV = ("PATH", "LANG", "AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
             "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION", "PYTHONPATH", "USER",
-            "STOKER_LOG_UPLOAD_INTERVAL", "OMP_NUM_THREADS")
+            "STOKER_LOG_UPLOAD_INTERVAL", "OMP_NUM_THREADS")  # not STOKER_STORE_KEY: the nodes read the store's
+# signing key from the Secrets Manager secret the SubmitJob environment names (STOKER_STORE_KEY_SECRET), as on Batch
 LOG_GROUP = "/aws/batch/job"
 
 
@@ -337,11 +338,15 @@ def emulated_batch_env(aws: Any, tmp_path: Any) -> dict[str, str]:
 
     aws.client("s3").create_bucket(Bucket="stoker-bucket")
     make_queue("stoker-test")
+    # the store's signing key, where `stoker infra apply` puts it: the launching process signs with its own copy
+    # ($STOKER_STORE_KEY), the nodes get only the secret's ARN
+    secret = aws.client("secretsmanager").create_secret(Name="stoker/stoker-bucket/stoker/store-key",
+                                                         SecretString=os.environ["STOKER_STORE_KEY"])["ARN"]
     env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
                                       "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION")}
     env.update(STOKER_STORE="s3://stoker-bucket/stoker", STOKER_HOME=str(tmp_path / "home"), CWD=str(tmp_path),
                STOKER_BACKENDS="batch=tests.batch_emulator:EmulatedBatchBackend", STOKER_BATCH_QUEUE="stoker-test",
-               STOKER_BATCH_POLL_INTERVAL="0.5", STOKER_LOG_UPLOAD_INTERVAL="1",
+               STOKER_BATCH_POLL_INTERVAL="0.5", STOKER_LOG_UPLOAD_INTERVAL="1", STOKER_STORE_KEY_SECRET=secret,
                BATCH_EMULATOR_DIR=str(tmp_path / "emulator"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return env

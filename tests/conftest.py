@@ -4,6 +4,9 @@ import pytest
 
 # One user for the whole session (module-scoped fixtures start runs before per-test fixtures apply).
 os.environ.setdefault("USER", "tester")
+# One store signing key for the session (as a cluster shares one): no key files in the real ~/.config, and
+# emulated remote nodes get it as Batch would pass it (from a secret); tests of key files unset it.
+os.environ.setdefault("STOKER_STORE_KEY", "test-store-key")
 
 
 @pytest.fixture(autouse=True)

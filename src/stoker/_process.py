@@ -8,6 +8,17 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PARENT_ONLY_FDS: set[int] = set()  # a forked member closes these: the reaper must see EOF when the run dies
+
+
+def close_parent_only_fds() -> None:
+    """In a process forked from the run: drop the run's end of the reaper's pipe."""
+    for fd in _PARENT_ONLY_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _PARENT_ONLY_FDS.clear()
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -36,6 +47,100 @@ def signal_tree(pid: int, sig: int, tree: bool = True) -> None:
         pass
     for k in kids:
         try:
-            k.send_signal(sig)
-        except Exception:  # noqa: BLE001 - psutil.Error: already gone
+            if os.getpgid(k.pid) != pid:  # once each: a second SIGTERM cuts torchrun's own shutdown short
+                k.send_signal(sig)
+        except Exception:  # noqa: BLE001 - psutil.Error, ProcessLookupError: already gone
             pass
+
+
+class Reaper:
+    """Kills a run's local task processes if the run process dies without stopping them (kill -9, a crash).
+
+    PR_SET_PDEATHSIG only sends SIGTERM, which a step may ignore or outlive (a hung collective, a child of its
+    own). The reaper is a small process in its own session, told each member's pid through a pipe. When that
+    pipe closes without "done" (the run process is gone, however it ended), it sends SIGTERM to every member's
+    process group and descendants, and SIGKILL to whatever is left after `grace` seconds."""
+
+    def __init__(self, grace: float) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "stoker._process", "--reap", str(grace)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        _PARENT_ONLY_FDS.add(self.proc.stdin.fileno())  # type: ignore[union-attr]
+        self._pending: list[int] = []
+
+    def watch(self, pid: int) -> None:
+        """Add ``pid`` to what the reaper kills; it is told at the next :meth:`flush` (a pipe write per task costs
+        more than the task's own bookkeeping in a wide foreach; until then PR_SET_PDEATHSIG covers the member)."""
+        self._pending.append(pid)
+
+    def flush(self) -> None:
+        """Tell the reaper the pids watched since the last flush, in one write."""
+        if self._pending:
+            pids, self._pending = self._pending, []
+            self._say("".join(f"{p}\n" for p in pids))
+
+    def done(self) -> None:
+        """The run stopped its members itself: the reaper exits."""
+        self._pending = []
+        self._say("done\n")
+        _PARENT_ONLY_FDS.discard(self.proc.stdin.fileno())  # type: ignore[union-attr]
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - it exits on its own at EOF
+            pass
+
+    def _say(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(line.encode())  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass
+
+
+def _reap(grace: float) -> None:
+    import psutil
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the run, which stops its tasks in order
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    watched: dict[int, psutil.Process] = {}
+    prune_at = 256
+    for line in sys.stdin:
+        line = line.strip()
+        if line == "done":
+            return
+        try:
+            watched[int(line)] = psutil.Process(int(line))  # remembers its start time: a reused pid is not it
+        except (ValueError, psutil.Error):
+            continue
+        if len(watched) > prune_at:  # a long run's finished members
+            watched = {p: proc for p, proc in watched.items() if proc.is_running()}
+            prune_at = max(256, 2 * len(watched))
+    procs: list[psutil.Process] = []
+    for proc in watched.values():
+        if not proc.is_running():
+            continue
+        try:
+            procs += [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            pass
+    for p in procs:  # once each (torchrun cuts its workers' grace short on a second SIGTERM)
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    for pid, proc in watched.items():  # stragglers that joined a member's group after the snapshot
+        if proc in procs:
+            signal_tree(pid, signal.SIGKILL, tree=False)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--reap":
+        _reap(float(sys.argv[2]))

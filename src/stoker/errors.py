@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+# Exit codes a task (or a torchrun worker) uses to tell the scheduler what a failure means.
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM after committing a checkpoint; retry and resume
+EXIT_PERMANENT = 78  # EX_CONFIG: a deterministic error (bad configuration); running it again cannot help
+
 
 class StokerError(Exception):
     """Base of every error stoker raises on purpose."""
 
     exit_code = 1
+    permanent = False  # True: the same input fails the same way, so the scheduler does not retry it
 
 
 class GraphError(StokerError):
@@ -14,7 +19,9 @@ class GraphError(StokerError):
 
 
 class ConfigError(StokerError):
-    """A setting, parameter or config file is wrong."""
+    """A setting, parameter or config file is wrong (raised in a step: the task is not retried)."""
+
+    permanent = True
 
 
 class DataError(StokerError):
@@ -31,6 +38,16 @@ class BackendError(StokerError):
 
 class TaskFailed(StokerError):
     """A step's task failed (after its retries)."""
+
+
+class Preempted(StokerError):
+    """Training stopped on SIGTERM (a preemption) after committing a checkpoint: retry and resume from it."""
+
+    exit_code = EXIT_PREEMPTED
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step  # the committed step a retry resumes from
 
 
 class TrainingError(StokerError):

@@ -34,6 +34,7 @@ from stoker.backends.aws.infra.state import OUTPUT_KEYS, State, state_path
 from stoker.errors import BackendError, ConfigError
 
 pytestmark = pytest.mark.aws
+SECRET = "stoker/stoker-test-bucket/stoker/store-key"  # the Secrets Manager secret of the store's signing key
 READS = ("Describe", "Get", "List", "Head")
 
 
@@ -192,18 +193,21 @@ class Loopback:
         out += [p["InstanceProfileName"] for p in iam.list_instance_profiles()["InstanceProfiles"]]
         out += [r["repositoryName"] for r in a.client("ecr").describe_repositories()["repositories"]]
         out += [b["Name"] for b in a.client("s3").list_buckets()["Buckets"]]
+        out += [s["Name"] for s in a.client("secretsmanager").list_secrets()["SecretList"]]  # not those deleted
         return out
 
 
 @pytest.fixture()
-def loop(aws):
+def loop(aws, tmp_path, monkeypatch):
     """moto as it is (enough for plans and for what fails before any change)."""
+    monkeypatch.setenv("STOKER_KEY_DIR", str(tmp_path / "keys"))  # apply points this machine at the key secret
     return Loopback(aws)
 
 
 @pytest.fixture()
-def full(aws, monkeypatch):
+def full(aws, tmp_path, monkeypatch):
     """moto with AWS's managed policies (the instance role attaches AmazonEC2ContainerServiceforEC2Role)."""
+    monkeypatch.setenv("STOKER_KEY_DIR", str(tmp_path / "keys"))
     monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")  # the server runs in this process
     urllib.request.urlopen(urllib.request.Request(f"{aws.endpoint}/moto-api/reset", method="POST"))
     return Loopback(aws)
@@ -235,11 +239,11 @@ def test_apply_twice_then_destroy_leaves_nothing(full):
     cfg = config(loop)
     # plan reads only
     the_plan = make_plan(cfg, loop.clients())
-    assert [c.action for c in the_plan.changes] == ["create"] * 11
+    assert [c.action for c in the_plan.changes] == ["create"] * 12
     assert loop.mutations() == [] and not state_path("stoker").exists()
 
     first = apply(cfg, loop.clients())
-    assert len(first.created) == 11 and not first.updated
+    assert len(first.created) == 12 and not first.updated
     # the launch template: 8 EFA interfaces for trn1.32xlarge (checked against botocore's model by boto3)
     (lt,) = loop.requests("CreateLaunchTemplate")
     nics = lt["LaunchTemplateData"]["NetworkInterfaces"]
@@ -301,14 +305,14 @@ def test_apply_twice_then_destroy_leaves_nothing(full):
                      ("DeleteRolePolicy", None), ("DeleteRole", None),  # job role
                      ("DetachRolePolicy", None), ("DeleteRole", None),  # instance role: no inline policy
                      ("DeleteSecurityGroup", None), ("DeleteRepository", None)], order
-    assert gone.kept == ["S3 bucket stoker-test-bucket"]
+    assert gone.kept == [f"Secrets Manager secret {SECRET}", "S3 bucket stoker-test-bucket"]  # the store's key
     # waits: the queue and the compute environment were seen DISABLED before their deletion
     names = [o for _, o, _ in loop.calls]
     assert names.index("DescribeJobQueues", names.index("UpdateJobQueue")) < names.index("DeleteJobQueue")
     assert (names.index("DescribeComputeEnvironments", names.index("UpdateComputeEnvironment"))
             < names.index("DeleteComputeEnvironment"))
-    assert loop.leftovers() == ["stoker-test-bucket"]
-    assert list(State.load("stoker").resources) == ["bucket"] and load_outputs() is None
+    assert loop.leftovers() == ["stoker-test-bucket", SECRET]
+    assert list(State.load("stoker").resources) == ["bucket", "store_key_secret"] and load_outputs() is None
 
     destroy(cfg, clients=loop.clients(), delete_bucket=True)
     assert loop.leftovers() == [] and not state_path("stoker").exists()
@@ -422,9 +426,10 @@ def test_destroy_keeps_a_repository_with_images_unless_forced(full):
     with pytest.raises(BackendError, match="still holds images.*stoker infra destroy --force") as e:
         destroy(name="stoker", clients=loop.clients())
     assert "deleted so far: job queue stoker-queue, compute environment stoker-ce" in str(e.value)
-    assert set(State.load("stoker").resources) == {"bucket", "ecr_repository", "service_role"}  # what is left
+    assert set(State.load("stoker").resources) == {"bucket", "store_key_secret", "ecr_repository",
+                                                   "service_role"}  # what is left
     destroy(name="stoker", clients=loop.clients(), force=True)
-    assert loop.leftovers() == ["stoker-test-bucket"]
+    assert loop.leftovers() == ["stoker-test-bucket", SECRET]
 
 
 def test_resources_in_the_way_and_existing_ones(full):
@@ -521,7 +526,7 @@ def test_destroy_refuses_while_jobs_run_and_changes_nothing(full):
     assert ops[:4] == ["TerminateJob"] * 3 + ["UpdateJobQueue"]
     assert {p["jobId"] for p in loop.requests("TerminateJob")} == {train, rank, theirs}
     assert all("stoker infra destroy --terminate-jobs" in p["reason"] for p in loop.requests("TerminateJob"))
-    assert "job queue stoker-queue" in gone.deleted and loop.leftovers() == ["stoker-test-bucket"]
+    assert "job queue stoker-queue" in gone.deleted and loop.leftovers() == ["stoker-test-bucket", SECRET]
 
 
 def test_destroy_without_jobs_in_the_way_terminates_nothing(full):
@@ -530,7 +535,7 @@ def test_destroy_without_jobs_in_the_way_terminates_nothing(full):
     _submit(loop, "Pretrain-16-start-1-a1", "Pretrain", "16")  # moto's jobs end at once
     loop.calls.clear()
     destroy(name="stoker", clients=loop.clients())
-    assert not loop.requests("TerminateJob") and loop.leftovers() == ["stoker-test-bucket"]
+    assert not loop.requests("TerminateJob") and loop.leftovers() == ["stoker-test-bucket", SECRET]
 
 
 def test_default_security_group_checked_for_multi_node_jobs(loop):
@@ -630,9 +635,9 @@ def test_cli_init_plan_apply_status_destroy(full, tmp_path, capsys, monkeypatch)
     capsys.readouterr()
     assert _cli("infra", "plan") == 0
     out = capsys.readouterr().out
-    assert "10 to create" in out and "stoker-ce" in out
+    assert "11 to create" in out and "stoker-ce" in out and "Secrets Manager secret" in out
     assert _cli("infra", "apply") == 0
-    assert "applied: 10 created" in capsys.readouterr().out
+    assert "applied: 11 created" in capsys.readouterr().out
     assert _cli("infra", "apply") == 0
     assert "no changes" in capsys.readouterr().out
     assert _cli("infra", "status", "--json") == 0
@@ -642,7 +647,7 @@ def test_cli_init_plan_apply_status_destroy(full, tmp_path, capsys, monkeypatch)
     assert _cli("infra", "destroy") == 1  # not a terminal: asks for --yes
     assert "--yes" in capsys.readouterr().err
     assert _cli("infra", "destroy", "--yes", "--delete-bucket", "--terminate-jobs") == 0  # no jobs to terminate
-    assert "destroyed 9 resources" in capsys.readouterr().out
+    assert "destroyed 10 resources" in capsys.readouterr().out
     assert loop.leftovers() == []
 
 

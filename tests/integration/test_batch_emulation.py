@@ -150,6 +150,11 @@ def test_dry_run_prints_the_batch_requests(batch_env):
     assert "# ---- step start: local" in p.stdout and "# ---- step join: local" in p.stdout
     reqs = _dry_run_doc(p.stdout, "# ---- step allreduce: batch (gang, 4 member(s)) ----")
     assert reqs["SubmitJob"]["nodeOverrides"]["numNodes"] == 4
+    env = {e["name"]: e["value"] for e in reqs["SubmitJob"]["nodeOverrides"]["nodePropertyOverrides"][0][
+        "containerOverrides"]["environment"]}
+    # the nodes get where the store's signing key is, never the key (the emulator gives them no STOKER_STORE_KEY)
+    assert env["STOKER_STORE_KEY_SECRET"] == batch_env["STOKER_STORE_KEY_SECRET"]
+    assert os.environ["STOKER_STORE_KEY"] not in p.stdout
     props = reqs["RegisterJobDefinition"]["nodeProperties"]
     assert props["mainNode"] == 0 and len(props["nodeRangeProperties"][0]["container"]["linuxParameters"][
         "devices"]) == 16 + 8

@@ -76,6 +76,10 @@ def test_pipeline_trains_evaluates_exports_and_summarizes(reference, home):
     assert "validation loss" in reference["stdout"] and str(export) in reference["stdout"]
     cfg = run.config["config"]
     assert cfg["train"]["steps"] == 8 and cfg["parallel"]["tp"] == 2, "the resolved config is stored with the run"
+    # nothing the user needs points into the task's scratch folder, deleted when the task ends
+    assert "metrics_path" not in join.result
+    assert join.train_config["train"]["steps"] == 8 and join.train_config["model_shape"]["n_layers"] >= 1
+    assert max(r["step"] for r in run.metrics) == 8, "the training metrics are in the store"
     # rank 0 is on node 0; every rank's output is in its node's log, prefixed with its local rank
     assert "[default0]" in run["train"].task.stdout or any("[default0]" in t.stdout for t in run["train"])
 

@@ -48,7 +48,8 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
         if isinstance(p, Config):
             continue
         kind = "file" if isinstance(p, IncludeFile) else getattr(p.type, "__name__", getattr(p.type, "name", ""))
-        help_ = f"{p.help} ({kind}" + (f", default {p.default!r})" if p.show_default and p.default is not _MISSING else ")")
+        shown = p.show_default and p.default is not _MISSING and not getattr(p, "secret", False)  # never a secret
+        help_ = f"{p.help} ({kind}" + (f", default {p.default!r})" if shown else ")")
         names = [f"--{p.cli_name}"] + ([f"--{p.name}"] if p.name != p.cli_name else [])  # Metaflow: verbatim
         if p.type is bool:
             run.add_argument(*names, dest=f"param__{p.name}", nargs="?", const="true", help=help_)

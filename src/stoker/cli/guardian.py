@@ -29,9 +29,13 @@ def job_refs(store: BlobStore, flow: str, run_id: str) -> list[JobRef]:
     return [JobRef.from_json(store.read(n)) for n in store.list(prefix) if n.endswith(".json")]
 
 
-def cancel_jobs(refs: list[JobRef], grace: float = 3.0) -> tuple[list[JobRef], list[tuple[JobRef, str]]]:
-    """Cancel the refs that are still live; returns (cancelled, [(ref, why it could not be)])."""
+def cancel_jobs(refs: list[JobRef], grace: float | None = None) -> tuple[list[JobRef], list[tuple[JobRef, str]]]:
+    """Cancel the refs that are still live (SIGTERM, then force after `grace`, default $STOKER_KILL_GRACE: time for
+    a checkpoint); returns (cancelled, [(ref, why it could not be)])."""
     from ..backends import make_backend
+    from ..runtime.failures import kill_grace
+
+    grace = kill_grace() if grace is None else grace
 
     cancelled, failed = [], []
     by_backend: dict[str, list[JobRef]] = {}

@@ -102,6 +102,9 @@ class EnvironmentDecorator(StepDecorator):
             raise ConfigError("@environment(vars=...) takes a dict of environment variables")
         self.attributes["vars"] = {str(k): str(v) for k, v in self.attributes["vars"].items()}
 
+    def __repr__(self) -> str:  # printed by `show`: the names of the variables, never their values
+        return f"@environment(vars={ {k: '***' for k in self.attributes['vars']} !r})"
+
 
 class ParallelDecorator(StepDecorator):
     """Marks a gang step (the target of `self.next(..., num_parallel=N)`)."""

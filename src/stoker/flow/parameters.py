@@ -66,7 +66,9 @@ def _call_default(fn: Callable[..., Any], ctx: ParameterContext | None) -> Any:
 
 
 class Parameter:
-    """A run parameter, given on the command line as `--name value` (or `--name-with-dashes`)."""
+    """A run parameter, given on the command line as `--name value` (or `--name-with-dashes`).
+
+    `secret=True` keeps its value out of the store and the index (see docs/store.md, "Security")."""
 
     IS_RUN_INPUT = True
 
@@ -79,10 +81,14 @@ class Parameter:
         required: bool = False,
         show_default: bool = True,
         separator: str | None = None,
+        secret: bool = False,
         **_ignored: Any,
     ) -> None:
         self.name = name
         self.separator = separator
+        # secret: never stored (the run record, the index, manifests, `show` say "***"); the run's tasks get
+        # the value in their environment, and read it as usual (`self.<name>`)
+        self.secret = bool(secret)
         self.default = default
         self.help = help or ""
         self.required = required
@@ -112,6 +118,9 @@ class Parameter:
             return self.type(raw)
         except (ValueError, TypeError) as e:
             tname = getattr(self.type, "__name__", getattr(self.type, "name", str(self.type)))
+            if getattr(self, "secret", False):  # the value (and the error quoting it) is never printed
+                raise ConfigError(f"parameter --{self.cli_name} (secret): the value given is not a valid {tname}; "
+                                  f"pass a valid {tname}") from None
             raise ConfigError(f"parameter --{self.cli_name}: {raw!r} is not a valid {tname} ({e})") from None
 
     def resolve(self, given: Any = _MISSING, ctx: ParameterContext | None = None) -> Any:

@@ -10,10 +10,13 @@ checkpoint of this run; `resume` of a killed run resumes from the checkpoints of
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from stoker import Config, FlowSpec, current, monitor, retry, step, torchrun
 from stoker.errors import ConfigError
@@ -67,10 +70,58 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+# where stoker.train's settings are declared: read from the source, so that checking them imports no torch
+SETTINGS = {"model": ("stoker.train.model", "LlamaConfig"), "train": ("stoker.train.config", "OptimSection"),
+            "parallel": ("stoker.train.parallel", "ParallelConfig"),
+            "checkpoint": ("stoker.train.config", "CheckpointSection")}
+
+
+def _declared_fields(module: str, cls: str) -> set[str]:
+    import ast
+    import importlib.util
+
+    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def valid_settings() -> dict[str, set[str]]:
+    valid = {section: _declared_fields(*where) for section, where in SETTINGS.items()}
+    valid["model"] |= {"name", "init_from", "overrides"}
+    return valid
+
+
+def check_train_settings(cfg: dict, overrides: Mapping[str, Any] | None = None) -> None:
+    """The model/train/parallel/checkpoint sections are stoker.train settings: a misspelt key fails here, before
+    any task starts, in one line naming the key and the nearest valid one (inside the gang it would fail the
+    same way on every node; stoker.train then exits with 78 and the scheduler does not retry it)."""
+    given = set(overrides or {})
+    for section, keys in valid_settings().items():
+        for key in cfg.get(section) or {}:
+            if key not in keys:
+                dotted = f"{section}.{key}"
+                near = difflib.get_close_matches(key, sorted(keys), n=1)
+                where = f"--set {dotted}" if dotted in given else "the --config file"
+                raise ConfigError(f"{where}: {dotted} is not a setting"
+                                  + (f"; did you mean {section}.{near[0]}?" if near else "")
+                                  + f" (valid in [{section}]: {', '.join(sorted(keys))})")
+
+
+class PipelineConfig(Config):
+    """The pipeline's Config, checked against stoker.train's settings when the run starts."""
+
+    def resolve(self, path: str | None = None, overrides: Mapping[str, Any] | None = None,
+                base_dir: Path | None = None) -> Any:
+        value = super().resolve(path, overrides, base_dir)
+        if value is not None:
+            check_train_settings(value.to_dict(), overrides)
+        return value
+
+
 class LlamaPretrain(FlowSpec):
     """Pretrain a Llama-family model from a corpus, end to end."""
 
-    config = Config("config", default=str(DEFAULT_CONFIG), parser=merged_over_defaults,
+    config = PipelineConfig("config", default=str(DEFAULT_CONFIG), parser=merged_over_defaults,
                     help="pipeline TOML (data, cluster, model, train, ...), merged over the embedded defaults")
 
     @step
@@ -91,9 +142,12 @@ class LlamaPretrain(FlowSpec):
     @step
     def train(self):
         ckpt = checkpoint_root(current.run_id)
+        # scratch, deleted with the task: the metrics and TensorBoard files also stream to the store (Task.metrics(),
+        # `stoker ui`), and what is kept of the rest becomes artifacts below; checkpoints go to the store
+        scratch = os.path.join(current.tempdir, "train")
         args = [f"--set={s}" for s in train_overrides(self.config.to_dict())]
         args += [f"--set=data.url={self.data.url}", f"--set=checkpoint.dir={ckpt}",
-                 f"--set=out_dir={os.path.join(current.tempdir, 'train')}", "--set=checkpoint.resume=\"auto\""]
+                 f"--set=out_dir={scratch}", "--set=checkpoint.resume=\"auto\""]
         if not committed(ckpt) and current.origin_run_id and committed(checkpoint_root(current.origin_run_id)):
             args.append(f"--set=checkpoint.resume_from={checkpoint_root(current.origin_run_id)}")
             print(f"resuming from the checkpoints of run {current.origin_run_id}", flush=True)
@@ -102,6 +156,10 @@ class LlamaPretrain(FlowSpec):
                           args=args + [f"--result-file={result_file}"])
         self.node = current.parallel.node_index
         self.result = json.load(open(result_file)) if os.path.exists(result_file) else None
+        if self.result:  # rank 0's node: keep the resolved training config, drop the path into the scratch folder
+            self.result.pop("metrics_path", None)
+            resolved = os.path.join(scratch, "config.json")
+            self.train_config = json.load(open(resolved)) if os.path.exists(resolved) else None
         self.next(self.join)
 
     @step
@@ -110,6 +168,7 @@ class LlamaPretrain(FlowSpec):
         self.metrics = {k: self.result.get(k) for k in ("step", "final_loss", "tokens", "tokens_per_s",
                                                          "resumed_from", "world_size", "dp", "tp", "num_params")}
         self.checkpoint = self.result["checkpoint"]
+        self.train_config = next(i.train_config for i in inputs if i.result)
         self.merge_artifacts(inputs, include=["data", "prepare_seconds", "nodes"])
         self.next(self.evaluate)
 

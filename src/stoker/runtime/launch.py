@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import signal
 import socket
@@ -18,12 +19,15 @@ from ..errors import ConfigError, StokerError
 from ..flow.decorators import apply_with
 from ..flow.graph import FlowGraph, lint
 from ..flow.parameters import _MISSING, Config, ParameterContext
-from ..store.artifacts import save_artifact
+from ..redact import REDACTED, redact_with_spec
+from ..store.artifacts import save_artifact, secret_descriptor
 from ..store.blob import BlobStore, open_store
-from ..store.manifest import list_manifests, read_run_record, write_run_record
+from ..store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, default_store_url, home_dir
+from ..store.signing import store_key
 from .executor import Backend, JobRef, Unit
+from .failures import FIX_AND_RERUN
 from .jobs import build_unit
 from .output import Display
 from .package import stage_package
@@ -163,14 +167,17 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     # the code package, built before anything runs (a package that cannot be built fails now, not mid-run)
     package = stage_package(store, flow_file) if any(b.remote for b, _ in planned) else None
     run_id = run_id or new_run_id()
-    run_inputs = {k: save_artifact(store, v) for k, v in values.items()}
+    store_key(store.url, create=True)  # the store's signing key (kept outside the store), made on first use
     declared = flow_cls._run_inputs()
-    shown = {k: (v if _jsonable(v) else repr(v)) for k, v in values.items() if not isinstance(declared[k], Config)}
-    configs = {k: dict(v) for k, v in values.items() if isinstance(declared[k], Config)}
+    run_inputs = save_run_inputs(store, declared, values)
+    shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
+             for k, v in values.items() if not isinstance(declared[k], Config)}
+    configs = {k: _finite(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
     db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
                   origin_run_id=origin_run_id)
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
-              "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "with": with_specs,
+              "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [],
+              "with": [redact_with_spec(w) for w in with_specs],
               "flow_file": flow_file, "created_at": time.time(), "status": "running",
               "pid": os.getpid(), "host": socket.gethostname(),
               "graph": {n.name: list(n.out_funcs) for n in graph}}  # the DAG, for readers without the flow file
@@ -208,8 +215,10 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     else:
         for f in result.failures:
             display.info(f, style="red")
-        display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; "
-                     f"continue it with `python {_as_invoked(flow_file)} resume {run_id}`", style="bold red")
+        fix = result.failures and all(FIX_AND_RERUN in f for f in result.failures)  # resume would fail alike
+        display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; " + (
+                     "fix the error above and run again" if fix else
+                     f"continue it with `python {_as_invoked(flow_file)} resume {run_id}`"), style="bold red")
     return result
 
 
@@ -253,12 +262,45 @@ def _finish_record(store: BlobStore, db: MetadataDB, record: dict, status: str) 
     db.set_run_status(record["flow"], record["run_id"], status, finished_at=now)
 
 
+def _is_secret(p: Any) -> bool:
+    return bool(getattr(p, "secret", False))
+
+
+def save_run_inputs(store: BlobStore, declared: dict[str, Any], values: dict[str, Any]) -> dict[str, dict]:
+    """Descriptors of the run inputs. A secret parameter's value is not stored: it goes into this process's
+    environment (``STOKER_SECRET_<NAME>``), which the run's local tasks inherit (docs/store.md, "Security")."""
+    out: dict[str, dict] = {}
+    for k, v in values.items():
+        if not _is_secret(declared[k]):
+            out[k] = save_artifact(store, v, name=k)
+            continue
+        if not _jsonable(v):
+            raise ConfigError(f"parameter --{declared[k].cli_name} is secret=True, so its value must be a plain "
+                              f"JSON value (a string, number, list or dict), not {type(v).__name__}")
+        out[k], env, encoded = secret_descriptor(k, v)
+        os.environ[env] = encoded
+    return out
+
+
 def _jsonable(v: Any) -> bool:
+    """Whether ``v`` is plain JSON (NaN and infinities are not: signed documents are strict JSON)."""
     try:
-        json.dumps(v)
+        json.dumps(v, allow_nan=False)
         return True
     except (TypeError, ValueError):
         return False
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with NaN and infinite floats as strings ('nan', 'inf'), for the signed run record and the index
+    (a TOML config may hold ``nan``); the run itself gets the real values from the run inputs."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tuple[dict[tuple, dict], dict]:
@@ -272,7 +314,7 @@ def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tup
     values = {k: load_artifact(store, d) for k, d in info["run_inputs"].items()}
     origin: dict[tuple, dict] = {}
     for mname in list_manifests(store, flow, run_id):
-        m = json.loads(store.read(mname))
+        m = read_manifest_object(store, mname)  # signature verified: its artifacts are reused as they are
         if m.get("status") != "ok":
             continue
         key = (m["step"], frames_key(m.get("foreach_stack") or []))

@@ -16,15 +16,22 @@ STYLES = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_m
 class TaskOutput:
     """Collects one attempt's stdout/stderr: appends to log files and yields complete lines."""
 
-    def __init__(self, log_dir: Path, prefix: str) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.prefix = prefix
+    def __init__(self, log_dir: Path, prefix: str, lazy: bool = False) -> None:
+        """``lazy``: create the folder and files when the first output arrives (most tasks of a wide foreach
+        print nothing, and creating them is a good part of what the scheduler spends on a task)."""
+        self.prefix, self.log_dir = prefix, log_dir
         self.paths = {s: log_dir / f"{s}.log" for s in ("stdout", "stderr")}
-        self.files: dict[str, IO[bytes]] = _open_logs(log_dir, list(self.paths))
+        self.files: dict[str, IO[bytes]] = {} if lazy else self._open()
         self.partial = {"stdout": b"", "stderr": b""}
         self.tail: deque[str] = deque(maxlen=30)
 
+    def _open(self) -> dict[str, IO[bytes]]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return _open_logs(self.log_dir, list(self.paths))
+
     def feed(self, stream: str, data: bytes) -> list[str]:
+        if not self.files:
+            self.files = self._open()
         self.files[stream].write(data)
         buf = self.partial[stream] + data
         *lines, self.partial[stream] = buf.split(b"\n")
@@ -40,11 +47,13 @@ class TaskOutput:
                 rest.append((s, line))
                 self.tail.append(line)
             self.partial[s] = b""
-            self.files[s].close()
+            if s in self.files:
+                self.files[s].close()
         return rest
 
     def read(self, stream: str) -> bytes:
-        return self.paths[stream].read_bytes()
+        """What the stream's log holds (nothing if a lazy one never got any output)."""
+        return self.paths[stream].read_bytes() if self.files else b""
 
 
 def private_log_root() -> Path:

@@ -8,7 +8,6 @@ stopped together when one node dies, retried together.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import time
@@ -24,15 +23,17 @@ from ..store.blob import BlobStore
 from ..store.manifest import clone_manifest, log_name, read_manifest, write_manifest
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
+from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, retry_preempted
 from .gangview import node_states
 from .jobs import build_unit, job_record_name, kill_request_name
 from .output import Display, TaskOutput, private_log_root
 from .package import stage_package
+from .queue import Task, TaskIndex, frames_key
 from .resources import ResourcePool, step_resources
 from .spec import TaskSpec
 
 log = logging.getLogger(__name__)
-KILL_GRACE_S = float(os.environ.get("STOKER_KILL_GRACE", "3"))
+KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/failures.py)
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
 LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
 NEVER_STARTS = "the engine can never start it"  # no retry can help
@@ -40,45 +41,7 @@ MAX_ARRAY = 1000  # elements per job array (Slurm's default MaxArraySize is 1001
 FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often
 
 
-def frames_key(frames: list[dict]) -> tuple:
-    return tuple((f["step"], f["index"]) for f in frames)
-
-
 Router = Callable[[str], Backend]  # step name -> the backend that runs it
-
-
-@dataclass
-class Task:
-    step: str
-    task_id: str
-    inputs: list[dict]
-    foreach: list[dict]
-    max_attempts: int
-    parallel: dict | None = None
-    gang: str | None = None
-    attempt: int = 0
-    state: str = "pending"  # pending | running | ok | failed | killed
-    not_before: float = 0.0
-    job: JobRef | None = None  # the submission this attempt belongs to (shared by a gang / an array)
-    member: int = 0  # its place in that submission
-    backend: Backend | None = None
-    output: TaskOutput | None = None
-    started: float = 0.0  # when the engine started it (not when it was submitted): @timeout counts from here
-    deadline: float | None = None
-    stopping: bool = False
-    stop_reason: str | None = None  # why stoker stopped it
-    engine_reason: str | None = None  # why the engine ended it (time limit, node failure, out of memory ...)
-    queued_reason: str | None = None  # why the engine has not started it yet (last shown)
-    manifest: dict | None = None
-    exit_code: int | None = None
-    cloned: bool = False
-
-    @property
-    def key(self) -> tuple:
-        return (self.step, frames_key(self.foreach))
-
-    def ref(self) -> dict:
-        return {"step": self.step, "task_id": self.task_id, "attempt": self.attempt}
 
 
 @dataclass
@@ -107,7 +70,8 @@ class Scheduler:
         self.flow_file, self.with_specs = flow_file, with_specs or []
         self.display = display or Display(f"{self.flow}/{run_id}")
         self.log_root = log_root or private_log_root()  # never a predictable shared /tmp path
-        self.tasks: list[Task] = []
+        self.index = TaskIndex()  # every task by id, gang and state, and the queue of pending units
+        self.tasks: list[Task] = self.index.all
         self.joins: dict[tuple, dict[int, Task]] = {}
         self.pool: ResourcePool | None = None  # admission for backends on this machine
         self.backends: dict[str, Backend] = {}  # the ones used so far
@@ -123,6 +87,7 @@ class Scheduler:
         self.interrupted = False
         self._stopping = False
         self._next_id = 0
+        self._index_ops: list[tuple[str, Any]] = []  # index writes of this pass: one transaction (_flush_index)
 
     # -- building tasks ---------------------------------------------------------------------------
     def _new_id(self) -> str:
@@ -135,7 +100,7 @@ class Scheduler:
         retry = get_decorator(func, "retry")
         t = Task(step=step, task_id=task_id or self._new_id(), inputs=[i.ref() for i in inputs], foreach=foreach,
                  max_attempts=1 + (int(retry.attributes["times"]) if retry else 0), parallel=parallel, gang=gang)
-        self.tasks.append(t)
+        self.index.add(t)
         return t
 
     def _successors(self, t: Task) -> None:
@@ -176,13 +141,6 @@ class Scheduler:
             self._add(join, [bucket[i] for i in sorted(bucket)], list(outer))
 
     # -- launching --------------------------------------------------------------------------------
-    def _units(self, now: float) -> list[list[Task]]:
-        units: dict[str, list[Task]] = {}
-        for t in self.tasks:
-            if t.state == "pending":
-                units.setdefault(t.gang or t.task_id, []).append(t)
-        return [u for u in units.values() if all(t.not_before <= now for t in u)]
-
     def _backend(self, step: str) -> Backend:
         b = self.router(step)
         if b.name not in self.backends:
@@ -192,27 +150,38 @@ class Scheduler:
         return b
 
     def _admit(self) -> None:
-        now = time.time()
+        """Start what may start: O(steps + units started) per pass, however many tasks are pending."""
+        if self.failed or self.interrupted:
+            return
         arrays: dict[tuple, list[Task]] = {}
-        for unit in self._units(now):
-            if self.failed or self.interrupted:
-                return
-            if self._clone(unit):
-                continue
-            backend = self._backend(unit[0].step)
-            running = sum(1 for t in self.tasks if t.state == "running")
-            if backend.arrays and not unit[0].gang:  # gathered below into one submission per step
-                arrays.setdefault((backend.name, unit[0].step, unit[0].attempt), []).extend(unit)
-                continue
-            if running and running + len(unit) > self.max_workers:
-                continue
-            if not backend.remote:
-                need = [step_resources(getattr(self.flow_cls, t.step)) for t in unit]
-                if running and not self.pool.fits(need):
+        admission = self.index.admission(time.time())
+        try:
+            for unit in admission:
+                if self.failed or self.interrupted:
+                    admission.hold(unit)
+                    return
+                if self._clone(unit):
                     continue
-                for r in need:
-                    self.pool.take(r)
-            self._submit(unit, backend)
+                backend = self._backend(unit[0].step)
+                if backend.arrays and not unit[0].gang:  # gathered below into one submission per step
+                    arrays.setdefault((backend.name, unit[0].step, unit[0].attempt), []).extend(unit)
+                    continue
+                # units behind this one in its queue ask for as much: none fits either (unless it can be cloned)
+                cloneable = bool(self.origin) and unit[0].step not in self.rerun_steps
+                running = self.index.count("running")
+                if running and running + len(unit) > self.max_workers:
+                    admission.hold(unit, block=not cloneable)
+                    continue
+                if not backend.remote:
+                    need = [step_resources(getattr(self.flow_cls, t.step)) for t in unit]
+                    if running and not self.pool.fits(need):
+                        admission.hold(unit, block=not cloneable)
+                        continue
+                    for r in need:
+                        self.pool.take(r)
+                self._submit(unit, backend)
+        finally:
+            admission.close()
         for (name, _, _), tasks in arrays.items():  # one array a step, the engine runs max_workers at once
             for i in range(0, len(tasks), MAX_ARRAY):
                 self._submit(tasks[i:i + MAX_ARRAY], self.backends[name])
@@ -229,7 +198,7 @@ class Scheduler:
                 m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
                      "artifacts": {}, "exception": {"type": type(e).__name__, "message": str(e), "traceback": ""}}
                 write_manifest(self.store, m)
-                self.db.ingest_manifest(m)
+                self._index_ops.append(("ingest", m))
                 t.manifest, t.state = m, "failed"
             self.failed = True
             self.failures.append(f"step {tasks[0].step} could not be submitted to {backend.name}: {e}")
@@ -246,15 +215,14 @@ class Scheduler:
                 raise
         self.live[(backend.name, ref.job_id)] = (ref, tasks)
         now = time.time()
+        host = socket.gethostname()
         for t in tasks:  # readers (the UI, `stoker show`) see the attempt as running until its manifest lands
-            try:
-                self.db.register_attempt(self.flow, self.run_id, t.step, t.task_id, t.attempt, started_at=now,
-                                         user=self.user, hostname=socket.gethostname())
-            except Exception:  # noqa: BLE001 - the index is a view; the run goes on without it
-                pass
+            self._index_ops.append(("register", dict(flow=self.flow, run_id=self.run_id, step=t.step,
+                                                     task_id=t.task_id, attempt=t.attempt, started_at=now,
+                                                     user=self.user, hostname=host)))
         for i, t in enumerate(tasks):
             t.output = TaskOutput(self.log_root / self.flow / self.run_id / t.step / f"{t.task_id}.{t.attempt}",
-                                  self._prefix(t))
+                                  self._prefix(t), lazy=True)  # created by the first output
             t.job, t.member, t.backend = ref, i, backend
             t.state, t.started, t.deadline, t.stopping, t.stop_reason = "running", 0.0, None, False, None
             self.display.count("running")
@@ -280,7 +248,7 @@ class Scheduler:
         """On resume, reuse the origin run's successful task for the same step and foreach position."""
         if not self.origin or unit[0].step in self.rerun_steps:
             return False
-        by_id = {t.task_id: t for t in self.tasks}
+        by_id = self.index.by_id
         if not all(by_id[i["task_id"]].cloned for t in unit for i in t.inputs):
             return False  # an input was run again, so this task must run again too
         found = [self.origin.get(t.key) for t in unit]
@@ -290,12 +258,13 @@ class Scheduler:
             clone = clone_manifest(m, run_id=self.run_id, task_id=t.task_id, user=self.user)
             clone["input_paths"] = self._spec(t).input_paths()
             write_manifest(self.store, clone)
-            self.db.ingest_manifest(clone)
+            self._index_ops.append(("ingest", clone))
             t.manifest, t.state, t.cloned = clone, "ok", True
             self.display.line(t.step, self._prefix(t), f"cloned from {clone['origin_task']}")
             self.display.count("done")
         for t in unit:
             self._successors(t)
+            self._settle(t)
         return True
 
     def _prefix(self, t: Task) -> str:
@@ -318,14 +287,21 @@ class Scheduler:
                 self._check_interrupt()
                 if not self.failed and not self.interrupted:
                     self._admit()
+                self._flush_index()  # readers see what this pass started
                 if not self.live:
-                    if self.failed or self.interrupted or not any(t.state == "pending" for t in self.tasks):
+                    if self.failed or self.interrupted or not self.index.count("pending"):
                         break
                 self._wait(0.05 if self.live else min(0.5, self._next_wakeup()))
                 self._check_interrupt()
                 self._poll()
+                self._flush_index()  # ... and what it ended
                 self.display.refresh()
         finally:
+            if self._index_ops:  # the run is ending on an error: index what can be indexed
+                try:
+                    self._flush_index()
+                except Exception as e:  # noqa: BLE001 - the error in flight matters more; manifests are the truth
+                    log.warning("could not index the last task attempts of run %s: %s", self.run_id, e)
             signal.signal(signal.SIGINT, old)
             signal.signal(signal.SIGTERM, old_term)
             for b in self.backends.values():
@@ -336,9 +312,27 @@ class Scheduler:
             status = "failed"
         return RunResult(self.run_id, status, self.failures)
 
+    def _flush_index(self) -> None:
+        """Index this pass's starts and ends in one transaction (the store's manifests are the truth). If that
+        fails, one at a time: a failed registration is skipped (the index is a view), a failed manifest stops the run."""
+        ops, self._index_ops = self._index_ops, []
+        try:
+            if ops:
+                self.db.write_batch(ops)
+            return
+        except Exception:  # noqa: BLE001 - find the one that fails
+            pass
+        for kind, arg in ops:
+            try:
+                self.db.write_batch([(kind, arg)])
+            except Exception:  # noqa: BLE001 - the run goes on without a registration
+                if kind == "ingest":
+                    raise
+
     def _next_wakeup(self) -> float:
-        waits = [t.not_before - time.time() for t in self.tasks if t.state == "pending"]
-        return max(0.01, min(waits)) if waits else 0.05
+        now = time.time()
+        due = self.index.next_due(now)
+        return max(0.01, due - now) if due is not None else 0.05
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.interrupted = True  # acted on by the loop, never in the middle of a submission
@@ -476,7 +470,7 @@ class Scheduler:
             self.stop_deadline = time.time() + CANCEL_WAIT_S
 
     def _stop_all(self, reason: str) -> None:
-        for t in self.tasks:
+        for t in list(self.index.in_state["running"].values()):  # only a running task can be stopped
             self._stop(t, reason)
 
     # -- outcomes ---------------------------------------------------------------------------------
@@ -491,7 +485,9 @@ class Scheduler:
         for stream in ("stdout", "stderr"):
             name = log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream)
             if not t.backend.remote:
-                self.store.write(name, t.output.read(stream), durable=False)
+                data = t.output.read(stream)
+                if data:  # an empty log is not stored: readers find none and show nothing (client, UI)
+                    self.store.write(name, data, durable=False)
             elif not self.store.exists(name):  # the task uploads its own logs; one killed hard may not have
                 data = t.backend.logs(t.job, t.member, stream) or t.output.read(stream)
                 self.store.write(name, data, durable=False)
@@ -503,12 +499,13 @@ class Scheduler:
             code = 0  # a remote node's exit code is often its job's (srun's): its own manifest is the truth
         if code == 0 and m and m.get("status") == "ok":
             t.manifest, t.state = m, "ok"
-            self.db.ingest_manifest(m)
+            self._index_ops.append(("ingest", m))
             self.display.count("done")
             if t.gang and not all(g.state == "ok" for g in self._gang(t)):
                 return
             for g in self._gang(t) if t.gang else [t]:
                 self._successors(g)
+                self._settle(g)
             return
         if m and m.get("status") == "failed" and t.engine_reason and m.get("exception"):
             exc = m["exception"]  # e.g. the task saw its workers die, and Slurm knows why: out of memory
@@ -519,13 +516,20 @@ class Scheduler:
             m = dict(m, status="failed", exception={"type": "ExitCode", "message": f"exit code {code}",
                                                     "traceback": ""})
             write_manifest(self.store, m)
-        self.db.ingest_manifest(m)
+        self._index_ops.append(("ingest", m))
         own = t.stop_reason and t.stop_reason.startswith(("it exceeded", NEVER_STARTS))  # its own fault
         t.manifest, t.state = m, ("killed" if t.stop_reason and not own else "failed")
         if t.gang:
             self._gang_failed(t)
         else:
             self._retry_or_fail([t])
+
+    @staticmethod
+    def _settle(t: Task) -> None:
+        """Drop what an ok task's successors no longer need (its manifest, ~8 KB parsed, stays in the store and the
+        index): the run keeps every task, and each fork costs time in proportion to the scheduler's memory."""
+        t.manifest = {"status": t.manifest["status"]} if t.manifest else t.manifest
+        t.output = t.job = None  # (only a running task's job is ever looked at)
 
     def _failure_manifest(self, t: Task, code: int) -> dict:
         if code < 0:
@@ -542,7 +546,7 @@ class Scheduler:
         return m
 
     def _gang(self, t: Task) -> list[Task]:
-        return [g for g in self.tasks if g.gang == t.gang]
+        return self.index.by_gang[t.gang]
 
     def _gang_failed(self, t: Task) -> None:
         gang = self._gang(t)
@@ -570,11 +574,14 @@ class Scheduler:
         first = first or unit[0]
         if self.interrupted or first.stop_reason in ("another task failed", "the run was interrupted"):
             return
-        never = (first.stop_reason or "").startswith(NEVER_STARTS)
+        kind = failure_kind(first.manifest, first.exit_code)  # preempted: retry and resume; permanent: never
+        never = (first.stop_reason or "").startswith(NEVER_STARTS) or kind == PERMANENT
+        note = retry_preempted(unit, first) if kind == PREEMPTED and not self.failed and not never else None
         if first.attempt + 1 < first.max_attempts and not self.failed and not never:
             retry = get_decorator(getattr(self.flow_cls, first.step), "retry")
-            delay = 60 * float(retry.attributes["minutes_between_retries"]) if retry else 0
-            self.display.info(f"[{self._prefix(first)}] failed ({self._why(first)}); "
+            delay = 60 * float(retry.attributes["minutes_between_retries"]) if retry and not note else 0
+            self.display.info(f"[{self._prefix(first)}] {note}" if note else
+                              f"[{self._prefix(first)}] failed ({self._why(first)}); "
                               f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
                               f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),
                               style="yellow")
@@ -584,9 +591,10 @@ class Scheduler:
             return
         self.failed = True
         self.display.count("failed")
-        tail = "\n    ".join(list(first.output.tail)[-15:]) if first.output else ""
+        tail = "\n    ".join(list(first.output.tail)[-15:]) if first.output and kind != PERMANENT else ""
         msg = (f"step {first.step} (task {self.flow}/{self.run_id}/{first.step}/{first.task_id}"
                + (f", gang node {first.parallel['node_index']}" if first.parallel else "")
-               + f") failed after {first.attempt + 1} attempt(s): {self._why(first)}")
+               + f") failed after {first.attempt + 1} attempt(s): {self._why(first)}"
+               + (f"\n  not retried: {FIX_AND_RERUN}; fix it and run again" if kind == PERMANENT else ""))
         self.failures.append(msg + (f"\n  last lines of its log:\n    {tail}" if tail else ""))
         self._stop_all("another task failed")

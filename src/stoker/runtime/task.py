@@ -15,12 +15,14 @@ import time
 import traceback
 from typing import Any
 
-from ..errors import StokerError
+from ..errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
+from ..exitstatus import exit_code_for
 from ..flow.current import ParallelInfo, current
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..flow.spec import FlowSpec, Inputs, _ArtifactView
 from ..monitor.task_hook import start_for_task
+from ..redact import redact_text
 from ..store.artifacts import load_artifact, save_artifact
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import read_manifest, write_manifest
@@ -37,8 +39,7 @@ class CaughtException:
 
     def __init__(self, exc: BaseException) -> None:
         self.type = f"{type(exc).__module__}.{type(exc).__name__}"
-        self.message = str(exc)
-        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.message, self.traceback = _exception_text(exc)  # an artifact: no secret parameter's value in it
 
     exception = property(lambda self: self.message)  # Metaflow's MetaflowExceptionWrapper fields
     stacktrace = property(lambda self: self.traceback)
@@ -47,6 +48,13 @@ class CaughtException:
         return f"CaughtException({self.type}: {self.message})"
 
     __str__ = __repr__
+
+
+def _exception_text(exc: BaseException) -> tuple[str, str]:
+    """(message, traceback) of ``exc`` with the values of secret parameters (``STOKER_SECRET_*``) as ``***``:
+    what the manifest, the index, the log and @catch keep of a step's exception."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return redact_text(str(exc)), redact_text(tb)
 
 
 def _install_run_inputs(flow_cls: type[FlowSpec]) -> None:
@@ -138,8 +146,14 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
         manifest["next"] = _check_transition(flow, node, graph)
     except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
         catch = get_decorator(func, "catch")
-        last_attempt = spec.attempt + 1 >= spec.max_attempts
-        traceback.print_exc()
+        exit_code = exit_code_for(exc)  # 75: preempted (retry and resume), 78: permanent (never retried)
+        permanent, preempted = exit_code == EXIT_PERMANENT, exit_code == EXIT_PREEMPTED
+        last_attempt = (spec.attempt + 1 >= spec.max_attempts or permanent) and not preempted
+        message, trace = _exception_text(exc)
+        if permanent and isinstance(exc, StokerError):  # one line: the error says what to fix
+            print(f"{type(exc).__name__}: {message}", file=sys.stderr)
+        else:
+            print(trace, end="", file=sys.stderr)  # traceback.print_exc(), without secrets
         if catch and last_attempt and not isinstance(exc, KeyboardInterrupt) and node.kind not in ("foreach",
                                                                                                     "parallel"):
             var = catch.attributes["var"]
@@ -147,12 +161,15 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
                 object.__setattr__(flow, var, CaughtException(exc))
             manifest["catch_var"] = var
             manifest["next"] = {"steps": list(node.out_funcs)}
-            print(f"@catch: step {spec.step} failed ({type(exc).__name__}: {exc}); the flow continues"
+            print(f"@catch: step {spec.step} failed ({type(exc).__name__}: {message}); the flow continues"
                   + (f" with the exception in self.{var}" if var else ""), file=sys.stderr)
         else:
-            manifest["exception"] = {"type": type(exc).__name__, "message": str(exc),
-                                     "traceback": traceback.format_exc()}
-            code = 1
+            manifest["exception"] = {"type": type(exc).__name__, "message": message, "traceback": trace}
+            if permanent:
+                manifest["exception"]["permanent"] = True
+            if preempted:
+                manifest["exception"].update(preempted=True, resume_step=getattr(exc, "step", None))
+            code = exit_code if permanent or preempted else 1
     artifacts = {k: v for k, v in flow.__dict__["_inherited"].items()}
     if code == 0:
         try:
@@ -162,9 +179,10 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
             if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
                 artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
         except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {exc}",
-                                     "traceback": traceback.format_exc()}
+            message, trace = _exception_text(exc)
+            print(trace, end="", file=sys.stderr)
+            manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {message}",
+                                     "traceback": trace}
             code = 1
     monitor.stop()  # the last samples land before the manifest says the attempt is over
     manifest.update(status="ok" if code == 0 else "failed", finished_at=time.time(), artifacts=artifacts)

@@ -13,18 +13,25 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._process import die_with_parent
+from .. import exitstatus
+from .._process import die_with_parent, signal_tree
 from ..errors import ConfigError, StokerError
 from ..flow.current import ParallelInfo, current
 from ..flow.decorators import get_decorator
+from ..redact import redact_command
 from . import neuron_cache
 from .accel import Accelerators, detect, node_env, nproc_for, step_request, wants_neuron
+from .failures import kill_grace
 
 
 def derive_nproc_per_node(resources: Mapping[str, Any] | None, options: Mapping[str, Any] | None = None, *,
@@ -246,15 +253,75 @@ class TorchrunHelper:
         return sync
 
     def _spawn(self, cmd: list[str], env: Mapping[str, str], what: str) -> None:
+        """Run torchrun and wait for it. A SIGTERM to this task (a preemption, a cancel) reaches the workers
+        (stoker.train finishes its step, checkpoints and exits with 75) and torchrun is given
+        $STOKER_KILL_GRACE seconds to end before it is killed. The workers' exit codes come back through
+        $STOKER_EXIT_STATUS_DIR (torchrun itself exits 1 whatever they were): Preempted or a permanent
+        ConfigError is raised for the scheduler to act on."""
+        status_dir = tempfile.mkdtemp(prefix="exit-", dir=current.get("tempdir") or None)
+        env = {**env, exitstatus.ENV: status_dir}
+        grace = kill_grace(env)
+        env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace))))  # torchrun's own wait
         proc = subprocess.Popen(cmd, env=dict(env), preexec_fn=die_with_parent)
+        term = _ForwardSigterm(proc)
         try:
-            rc = proc.wait()
+            rc = term.wait(grace + 5)
         except BaseException:
             proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
-        if rc != 0:
-            raise StokerError(f"{what} exited with code {rc} on node {self.node_rank} (command: {' '.join(cmd)})")
+        finally:
+            term.restore()
+        try:
+            if rc != 0:
+                exitstatus.raise_for_statuses(status_dir, StokerError(
+                    f"{what} exited with code {rc} on node {self.node_rank} (command: {redact_command(cmd)})"))
+        finally:
+            shutil.rmtree(status_dir, ignore_errors=True)
+        if term.hit:  # asked to stop, and the workers finished anyway: stop as asked
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _ForwardSigterm:
+    """While torchrun runs: SIGTERM to this task goes to torchrun's workers (their handler finishes the step and
+    checkpoints) instead of ending this process; torchrun itself is left to notice them exit (a second SIGTERM
+    would cut its own shutdown short). After `grace` seconds torchrun and its workers are killed."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.hit, self.deadline = proc, False, None
+        self.installed = threading.current_thread() is threading.main_thread()
+        self.old = signal.signal(signal.SIGTERM, self._on_term) if self.installed else None
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.hit = True
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace
+            print("torchrun: SIGTERM: asking the workers to checkpoint and stop", file=sys.stderr, flush=True)
+            import psutil
+
+            try:
+                kids = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                kids = []
+            for k in kids:
+                try:
+                    k.send_signal(signal.SIGTERM)
+                except psutil.Error:
+                    pass
+
+    def wait(self, grace: float) -> int:
+        self.grace = grace
+        while True:
+            try:
+                return self.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    signal_tree(self.proc.pid, signal.SIGKILL, tree=True)
+                    self.proc.kill()
+
+    def restore(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.old if self.old is not None else signal.SIG_DFL)

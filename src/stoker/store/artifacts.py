@@ -11,7 +11,11 @@ Kinds (the descriptor's ``kind``):
 - ``pickle``: everything else, pickled with protocol 5. Buffers of arrays and tensors inside containers
   (state dicts, lists of arrays) travel out of band, concatenated (64-byte aligned) into one data blob.
   The pickle body is compressed (zstd, else zlib) only when it is large and a sample compresses well;
-  a tiny body is kept inline in the descriptor so small values cost no file.
+  a tiny body is kept inline in the descriptor so small values cost no file. Loading one runs code, so it
+  is loaded only from a verified manifest (stoker.store.signing), its body's hash checked, and only when
+  its writer is trusted (``STOKER_TRUST``).
+- ``secret``: the value of a ``Parameter(secret=True)``. It is never stored: the descriptor names the
+  environment variable that holds it (JSON) in the processes of the run.
 
 A descriptor: ``{"kind", "type", "size", "repr", "sha", "blobs": [...], ...kind-specific fields}``.
 """
@@ -21,7 +25,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import logging
+import os
 import pickle
 import reprlib
 import sys
@@ -29,7 +35,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from stoker.errors import StoreError
+from stoker.redact import REDACTED, SECRET_ENV_PREFIX
 from stoker.store.blob import CHUNK, BlobStore
+from stoker.store.signing import check_owner
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +324,10 @@ def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None =
             return _rebuild_tensor(raw, desc["dtype"], desc["shape"], desc["requires_grad"],
                                    desc.get("parameter", False))
         if kind == "pickle":
+            check_owner(desc)
             return _load_pickle(store, desc, mmap)
+        if kind == "secret":
+            return load_secret(desc)
         if kind == "bytes":
             data = store.get_bytes(desc["blobs"][0])
             return bytearray(data) if desc["type"] == "bytearray" else data
@@ -329,7 +340,11 @@ def _load_pickle(store: BlobStore, desc: dict[str, Any], mmap: bool | None) -> A
     if "inline" in desc:
         body = base64.b64decode(desc["inline"])
     else:
-        body = _decompress(store.get_bytes(desc["blobs"][0]), desc.get("compression"))
+        packed = store.get_bytes(desc["blobs"][0])
+        if hashlib.sha256(packed).hexdigest() != desc["blobs"][0]:  # the signed manifest names this content
+            raise StoreError(f"blob {desc['blobs'][0]} in {store.url} does not match its hash: it was corrupted "
+                             f"or replaced; it is not unpickled. Re-run the step that produced it")
+        body = _decompress(packed, desc.get("compression"))
     buffers: list[memoryview] = []
     if desc.get("buffers"):
         data = memoryview(_read_raw(store, desc["blobs"][1], int(desc["data_size"]), mmap))
@@ -339,6 +354,27 @@ def _load_pickle(store: BlobStore, desc: dict[str, Any], mmap: bool | None) -> A
     except Exception as e:
         raise StoreError(f"cannot unpickle artifact of type {desc.get('type')}: {e}. Is the code that "
                          f"defines it importable here (same package versions)?") from e
+
+
+def secret_descriptor(attr: str, value: Any) -> tuple[dict[str, Any], str, str]:
+    """The descriptor stored for a secret run input (no value in it), the environment variable that carries
+    the value to the run's tasks, and the value encoded for it (JSON)."""
+    env = SECRET_ENV_PREFIX + attr.upper()
+    return ({"kind": "secret", "type": type_name(value), "repr": REDACTED, "size": 0, "sha": None, "blobs": [],
+             "env": env}, env, json.dumps(value))
+
+
+def load_secret(desc: dict[str, Any]) -> Any:
+    """A secret run input's value, from the environment variable its descriptor names."""
+    env = desc.get("env") or ""
+    if not env.startswith(SECRET_ENV_PREFIX) or env not in os.environ:
+        raise StoreError(f"this secret parameter's value is not stored anywhere: the run's processes get it in "
+                         f"the environment variable {env or SECRET_ENV_PREFIX + 'NAME'} (JSON). Set it (e.g. to "
+                         f"resume the run, or on a remote node, see docs/store.md 'Security')")
+    try:
+        return json.loads(os.environ[env])
+    except json.JSONDecodeError:
+        return os.environ[env]
 
 
 def artifact_blobs(desc: dict[str, Any]) -> list[str]:

@@ -292,7 +292,11 @@ class LocalBlobStore(BlobStore):
         return key
 
     def get_bytes(self, key: str) -> bytes:
-        return self.blob_path(key).read_bytes()
+        data = self.blob_path(key).read_bytes()
+        if hashlib.sha256(data).hexdigest() != key:  # signed manifests and specs name blobs by content
+            raise StoreError(f"blob {key} in {self.url} does not match its hash: it was corrupted or replaced "
+                             f"after it was written; re-run the step that produced it")
+        return data
 
     def blob_path(self, key: str) -> Path:
         path = self._blob_file(key)

@@ -139,7 +139,12 @@ class DataArtifact(ClientObject):
     def data(self) -> Any:
         """The artifact's value, loaded from the blob store on first access."""
         if self._value is _MISSING:
-            self._value = load_artifact(self._task._store, self._rec.descriptor)
+            from stoker.store.manifest import artifact_descriptor  # the signed manifest's, not the index's
+
+            t = self._task
+            desc = artifact_descriptor(t._store, t.flow_name, t.run_id, t.step_name, t.id, t.current_attempt,
+                                       self._rec.name)
+            self._value = load_artifact(t._store, desc)
         return self._value
 
     @property

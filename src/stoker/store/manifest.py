@@ -7,7 +7,8 @@ It is written atomically as JSON at :func:`manifest_name`; its fields::
     artifacts {name: descriptor}, exception {type, message, traceback} | None,
     logs {"stdout": object name, "stderr": object name}, input_paths [parent task pathspecs],
     foreach_stack [{step, var, index, num_splits, value_repr}], parallel {node_index, num_nodes} | None,
-    user, hostname, origin_task (pathspec | None, set when cloned by resume), retry_count, catch_var
+    user, hostname, origin_task (pathspec | None, set when cloned by resume), retry_count, catch_var,
+    signature (see stoker.store.signing: manifests and run records are signed, and verified when read)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from stoker.errors import StoreError
 from stoker.store.blob import BlobStore
+from stoker.store.signing import SIGNATURE, mark_owner, sign, verify
 
 STATUSES = ("ok", "failed")
 
@@ -68,14 +70,26 @@ def write_run_record(store: BlobStore, record: dict[str, Any]) -> str:
         if key not in record:
             raise StoreError(f"run record lacks the field {key!r}")
     name = run_record_name(record["flow"], record["run_id"])
-    store.write(name, json.dumps(record, indent=1, sort_keys=True, default=str).encode())
+    signed = sign(store.url, name, record)
+    store.write(name, json.dumps(signed, indent=1, sort_keys=True).encode())
     return name
 
 
 def read_run_record(store: BlobStore, flow: str, run_id: str) -> dict[str, Any] | None:
-    """A run's record, or None if the run never wrote one."""
+    """A run's record (its signature verified), or None if the run never wrote one."""
     name = run_record_name(flow, run_id)
-    return json.loads(store.read(name)) if store.exists(name) else None
+    if not store.exists(name):
+        return None
+    record = verify(store.url, name, _parse(store, name))
+    mark_owner(record.get("run_inputs") or {}, record.get("user"), pathspec(flow, run_id))
+    return record
+
+
+def _parse(store: BlobStore, name: str) -> Any:
+    try:
+        return json.loads(store.read(name))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreError(f"{name} in {store.url} is not valid JSON: {e}") from e
 
 
 def clone_manifest(manifest: dict[str, Any], *, run_id: str, task_id: str | None = None,
@@ -110,25 +124,48 @@ def validate_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_manifest(store: BlobStore, manifest: dict[str, Any]) -> str:
-    """Validate and atomically write an attempt's manifest; return its object name."""
+    """Validate, sign and atomically write an attempt's manifest; return its object name.
+
+    ``manifest`` gets the signature (and its pickled artifacts their owner, see stoker.store.signing) as
+    written, so indexing it gives the same rows as indexing the stored copy."""
     m = validate_manifest(manifest)
     name = manifest_name(m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
+    mark_owner(m["artifacts"], m["user"], pathspec(m["flow"], m["run_id"]))
     try:
-        data = json.dumps(m, indent=1, sort_keys=True, allow_nan=False).encode()
+        json.dumps(m, allow_nan=False)
+        signed = sign(store.url, name, m)
     except (TypeError, ValueError) as e:
         raise StoreError(f"manifest {name} is not JSON-serializable: {e}") from e
-    store.write(name, data)
+    store.write(name, json.dumps(signed, indent=1, sort_keys=True).encode())
+    manifest[SIGNATURE] = signed[SIGNATURE]
     return name
 
 
 def read_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: str,
                   attempt: int) -> dict[str, Any]:
-    """Read an attempt's manifest (StoreError if it was never written)."""
-    name = manifest_name(flow, run_id, step, task_id, attempt)
-    try:
-        return json.loads(store.read(name))
-    except json.JSONDecodeError as e:
-        raise StoreError(f"manifest {name} in {store.url} is not valid JSON: {e}") from e
+    """Read an attempt's manifest and verify its signature (StoreError if it was never written, or is
+    unsigned or forged)."""
+    return read_manifest_object(store, manifest_name(flow, run_id, step, task_id, attempt))
+
+
+def read_manifest_object(store: BlobStore, name: str) -> dict[str, Any]:
+    """The manifest stored as object ``name``, its signature verified; each pickled artifact's descriptor
+    is marked with the user who wrote it (see stoker.store.signing.check_owner)."""
+    m = verify(store.url, name, _parse(store, name))
+    if isinstance(m.get("artifacts"), dict):
+        mark_owner(m["artifacts"], m.get("user"), pathspec(str(m.get("flow")), str(m.get("run_id"))))
+    return m
+
+
+def artifact_descriptor(store: BlobStore, flow: str, run_id: str, step: str, task_id: str, attempt: int,
+                        name: str) -> dict[str, Any]:
+    """The descriptor of artifact ``name`` as the attempt's verified manifest in the store gives it (the
+    client loads artifacts through this, not through the index, which is not signed)."""
+    arts = read_manifest(store, flow, run_id, step, task_id, attempt).get("artifacts") or {}
+    if name not in arts:
+        raise StoreError(f"the manifest of {pathspec(flow, run_id, step, task_id)} (attempt {attempt}) in "
+                         f"{store.url} has no artifact {name!r}: the index is out of date; re-index the run")
+    return arts[name]
 
 
 def latest_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: str) -> dict[str, Any]:

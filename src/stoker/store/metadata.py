@@ -283,29 +283,51 @@ class MetadataDB:
                          hostname: str | None = None, foreach_stack: list[dict] | None = None) -> None:
         """Record that an attempt started (status ``running``) so readers see live tasks; its manifest,
         when ingested, replaces this row. Registering an already finished attempt changes nothing."""
-        now = time.time() if started_at is None else started_at
-        with self._tx() as c:
-            self._ensure_parents(c, flow, run_id, step, user, now)
-            c.execute("INSERT OR IGNORE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (flow, run_id, step, task_id, int(attempt), "running", now, None, user, hostname,
-                       _dumps(foreach_stack or []), None))
-            self._refresh_task(c, flow, run_id, step, task_id)
+        self.write_batch([("register", dict(flow=flow, run_id=run_id, step=step, task_id=task_id, attempt=attempt,
+                                            started_at=started_at, user=user, hostname=hostname,
+                                            foreach_stack=foreach_stack))])
 
     def ingest_manifest(self, manifest: dict[str, Any]) -> None:
         """Index a task attempt's manifest (idempotent: ingesting it again changes nothing)."""
-        m = validate_manifest(manifest)
-        key = (m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
+        self.write_batch([("ingest", manifest)])
+
+    def write_batch(self, ops: list[tuple[str, Any]]) -> None:
+        """Apply ``("register", register_attempt keyword arguments)`` and ``("ingest", manifest)`` operations in
+        order, in ONE transaction: all of them or none (the scheduler indexes what one pass started and ended
+        at once; a transaction costs more than the rows it writes)."""
+        checked = [(kind, validate_manifest(arg) if kind == "ingest" else arg) for kind, arg in ops]
         with self._tx() as c:
-            self._ensure_parents(c, m["flow"], m["run_id"], m["step"], m["user"], m["started_at"])
-            c.execute("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (*key, m["status"], m["started_at"], m["finished_at"], m["user"], m["hostname"],
-                       _dumps(m["foreach_stack"]), _dumps(m)))
-            c.execute("DELETE FROM artifacts WHERE flow=? AND run_id=? AND step=? AND task_id=? AND attempt=?",
-                      key)
-            c.executemany("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
-                (*key, name, d.get("kind"), d.get("type"), d.get("sha"), d.get("size"), _dumps(d))
-                for name, d in m["artifacts"].items()])
-            self._refresh_task(c, m["flow"], m["run_id"], m["step"], m["task_id"])
+            for kind, arg in checked:
+                if kind == "ingest":
+                    self._ingest(c, arg)
+                elif kind == "register":
+                    self._register(c, **arg)
+                else:
+                    raise StoreError(f"unknown index operation {kind!r}: use 'register' or 'ingest'")
+
+    @classmethod
+    def _register(cls, c: sqlite3.Connection, flow: str, run_id: str, step: str, task_id: str, attempt: int, *,
+                  started_at: float | None = None, user: str | None = None, hostname: str | None = None,
+                  foreach_stack: list[dict] | None = None) -> None:
+        now = time.time() if started_at is None else started_at
+        cls._ensure_parents(c, flow, run_id, step, user, now)
+        c.execute("INSERT OR IGNORE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                  (flow, run_id, step, task_id, int(attempt), "running", now, None, user, hostname,
+                   _dumps(foreach_stack or []), None))
+        cls._refresh_task(c, flow, run_id, step, task_id)
+
+    @classmethod
+    def _ingest(cls, c: sqlite3.Connection, m: dict[str, Any]) -> None:
+        key = (m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
+        cls._ensure_parents(c, m["flow"], m["run_id"], m["step"], m["user"], m["started_at"])
+        c.execute("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                  (*key, m["status"], m["started_at"], m["finished_at"], m["user"], m["hostname"],
+                   _dumps(m["foreach_stack"]), _dumps(m)))
+        c.execute("DELETE FROM artifacts WHERE flow=? AND run_id=? AND step=? AND task_id=? AND attempt=?", key)
+        c.executemany("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
+            (*key, name, d.get("kind"), d.get("type"), d.get("sha"), d.get("size"), _dumps(d))
+            for name, d in m["artifacts"].items()])
+        cls._refresh_task(c, m["flow"], m["run_id"], m["step"], m["task_id"])
 
     def ingest_run_from_store(self, store: Any, flow: str, run_id: str) -> int:
         """(Re)index a run from the blob store: its record (``run.json``, if written) and every

@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run_training(cfg)
     except StokerError as e:
+        from stoker.exitstatus import exit_code_for, write_status
+
         print(f"[rank{rank}] error: {e}", file=sys.stderr)
-        return e.exit_code
+        code = exit_code_for(e)  # 75: preempted, retry and resume; 78: deterministic, do not retry
+        write_status(code, e)  # torchrun exits 1 whatever the code: the launching task reads it here
+        return code
     if rank == 0:
         result.pop("config", None)
         print(json.dumps(result))

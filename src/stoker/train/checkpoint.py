@@ -5,24 +5,36 @@ Layout of a checkpoint folder (a local path or an fsspec URL)::
     <dir>/step_00000200/   DCP shards (``__<rank>_0.distcp``), ``.metadata``, ``manifest.json``
     <dir>/latest           the name of the newest committed checkpoint
 
-A checkpoint is written under ``.tmp-step_XXXXXXXX``, rank 0 then checksums every file into
-``manifest.json`` (step, sha256 and size per file, the config fingerprint, the resolved config), renames
-the folder and finally replaces ``latest`` atomically. A folder without a manifest, or whose files do
-not match it, is never loaded. Only the last ``keep`` checkpoints stay.
+On a local disk a checkpoint is written under ``.tmp-step_XXXXXXXX-<attempt>`` (a name no other attempt
+uses). Every rank then checksums the files it wrote, and rank 0 writes them into ``manifest.json`` (step,
+sha256 and size per file, the config fingerprint, the resolved config), signs it with the store's key (see
+:mod:`stoker.train.checkpoint_signing`) and commits: an older ``step_XXXXXXXX`` of the same step is renamed aside
+(``.old-step_XXXXXXXX-<attempt>``), the new folder renamed into place, ``latest`` replaced atomically, and
+only then the aside folder deleted. A crash at any point leaves a loadable checkpoint: readers fall back to
+the newest valid one when ``latest`` names a missing or damaged one. On an object store there is no rename
+(a copy is no commit): the checkpoint is written in place and its manifest, written last, commits it.
+Temporary folders of other attempts are deleted only once stale (``STOKER_CKPT_TMP_MAX_AGE`` seconds,
+6 h by default), never while another attempt may still be writing them. Only the last ``keep`` stay.
+
+Rank 0's I/O (cleanup, commit, listing) reports its failure to every rank before anyone waits, so a full
+disk is one CheckpointError on every rank at once, not a hang until the collective timeout.
+
+An async save blocks training only while the state is copied into host buffers reused from save to save
+(:mod:`stoker.train.checkpoint_stage`); the write, the checksums and the commit of that copy run in one
+background thread over a gloo group of their own, and ``wait()`` only joins them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
 import os
 import random
-import re
+import shutil
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -31,26 +43,60 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from stoker.errors import CheckpointError
+from stoker.train.checkpoint_files import (  # noqa: F401  (re-exported: hf.py, tests)
+    ERRORS,
+    LATEST,
+    MANIFEST,
+    PREFIX,
+    Store,
+    describe_failure,
+    find,
+    group,
+    hash_written,
+    is_checkpoint,
+    is_step_name,
+    newest_valid,
+    on_rank0,
+    parse_manifest,
+    split,
+    verify,
+)
+from stoker.train.checkpoint_signing import sign_manifest
+from stoker.train.checkpoint_stage import HostStager
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-LATEST = "latest"
-PREFIX = "step_"
+TMP_MAX_AGE_S = 6 * 3600.0  # a temporary checkpoint folder untouched this long belongs to a dead attempt
+_Store, _split = Store, split  # earlier names
 
 
-def parse_manifest(text: str, where: str) -> dict[str, Any]:
-    """A checkpoint manifest, or CheckpointError naming it when it is truncated or not one (a reader then falls
-    back to an earlier checkpoint or refuses with one line)."""
+def _rank() -> int:
+    return group()[0]
+
+
+def _barrier(pg: Any = None) -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier(group=pg)
+
+
+def _tmp_max_age() -> float:
+    raw = os.environ.get("STOKER_CKPT_TMP_MAX_AGE", "")
     try:
-        manifest = json.loads(text)
-    except ValueError as e:
-        raise CheckpointError(f"{where} is not valid JSON ({e}): the checkpoint is damaged; use an earlier one") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or not all(isinstance(m, dict) and "sha256" in m and "bytes" in m
-                                              for m in files.values()):
-        raise CheckpointError(f"{where} lists no files with checksums: the checkpoint is damaged; use an earlier one")
-    return manifest
+        return float(raw) if raw else TMP_MAX_AGE_S
+    except ValueError:
+        log.warning("ignoring STOKER_CKPT_TMP_MAX_AGE=%r: not a number of seconds", raw)
+        return TMP_MAX_AGE_S
+
+
+def _age(path: str) -> float:
+    """Seconds since anything in folder ``path`` (or the folder itself) last changed."""
+    newest = os.stat(path).st_mtime
+    for entry in os.scandir(path):
+        try:
+            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+        except FileNotFoundError:
+            continue
+    return time.time() - newest
 
 
 def step_name(step: int) -> str:
@@ -107,148 +153,103 @@ def load_trainer_state(data: bytes | io.BytesIO, where: str) -> dict[str, Any]:
     return state
 
 
-def _split(url: str) -> tuple[str, str]:
-    """(checkpoint directory, checkpoint name) of a checkpoint URL."""
-    url = url.rstrip("/")
-    return tuple(url.rsplit("/", 1)) if "/" in url else (".", url)  # type: ignore[return-value]
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _broadcast(obj: Any) -> Any:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-    return obj
-
-
-class _Store:
-    """The few file operations checkpoints need, on a local folder or an fsspec URL."""
-
-    def __init__(self, root: str) -> None:
-        import fsspec
-
-        self.root = root.rstrip("/")
-        self.fs, self.path = fsspec.core.url_to_fs(self.root)
-        self.local = self.fs.protocol in ("file", "local") or "file" in (self.fs.protocol or ())
-
-    def join(self, *parts: str) -> str:
-        return "/".join([self.path, *parts])
-
-    def url(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
-
-    def exists(self, *parts: str) -> bool:
-        return self.fs.exists(self.join(*parts))
-
-    def read_text(self, *parts: str) -> str:
-        with self.fs.open(self.join(*parts), "r") as f:
-            return f.read()
-
-    def write_atomic(self, text: str, *parts: str) -> None:
-        target = self.join(*parts)
-        if self.local:
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)  # atomic on POSIX
-        else:
-            self.fs.pipe(target, text.encode())  # a single PUT is atomic on object stores
-
-    def files(self, name: str) -> dict[str, str]:
-        """relative path -> absolute path of every file of checkpoint ``name``."""
-        base = self.join(name)
-        if not self.local:
-            self.fs.invalidate_cache()  # other ranks and processes wrote here since this process last listed
-        out = {}
-        for full in self.fs.find(base):
-            rel = full[len(base) :].lstrip("/")
-            if rel != MANIFEST:
-                out[rel] = full
-        return out
-
-    def sha256(self, full: str) -> tuple[str, int]:
-        h, size = hashlib.sha256(), 0
-        with self.fs.open(full, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-                size += len(chunk)
-        return h.hexdigest(), size
-
-    def remove(self, name: str) -> None:
-        if self.fs.exists(self.join(name)):
-            self.fs.rm(self.join(name), recursive=True)
-
-    def list(self) -> list[str]:
-        if not self.fs.exists(self.path):
-            return []
-        return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self.path, detail=False))
-
-
 class Checkpointer:
     """Saves and loads committed checkpoints under ``directory`` (every rank creates one)."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = False,
                  fingerprint: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
                  layout: dict[str, Any] | None = None, hints: dict[str, str] | None = None) -> None:
-        self.store = _Store(directory)
+        self.store = Store(directory)
         self.directory = directory
         self.keep, self.async_save = keep, async_save
         self.fingerprint, self.config, self.layout = fingerprint or {}, config or {}, layout or {}
         self.hints = hints or {}  # fingerprint key -> what the user can do about a difference
         self._pending: tuple[Future, int, str] | None = None
         self._async_group: Any = None
-        if _rank() == 0:
-            self.store.fs.makedirs(self.store.path, exist_ok=True)
+        self._executor: ThreadPoolExecutor | None = None  # one thread: async writes and commits, in order
+        self._stager = HostStager()  # host buffers reused by every async save
+        self._verified: dict[str, dict[str, Any]] = {}  # url -> manifest verified by latest(), for inspect()
+        # one token per attempt, the same on every rank: its temporary folders are its own
+        self.token: str = on_rank0(self._set_up, self.store.url())
+
+    def _set_up(self) -> str:
+        self.store.fs.makedirs(self.store.path, exist_ok=True)
+        if self.store.local:
+            max_age = _tmp_max_age()
             for name in self.store.list():
-                if name.startswith(".tmp-"):  # torn saves of an earlier attempt
-                    self.store.remove(name)
-        _barrier()
+                path = self.store.join(name)
+                if name.startswith(".old-"):  # a commit interrupted between its two renames: put it back
+                    target = name[len(".old-"):].rsplit("-", 1)[0]
+                    if not os.path.exists(self.store.join(target)):
+                        os.rename(path, self.store.join(target))
+                        log.warning("restored checkpoint %s from an interrupted commit", self.store.url(target))
+                        continue
+                if name.startswith((".tmp-", ".old-")) and _age(path) > max_age:
+                    log.info("deleting %s: a temporary checkpoint folder of an attempt that ended", self.store.url(name))
+                    shutil.rmtree(path, ignore_errors=True)
+        return uuid.uuid4().hex[:12]
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> str:
-        """Write ``state`` (a DCP state dict) as checkpoint ``step``; returns its URL once committed
-        (async: once staged; it is committed before the next save or at :meth:`finalize`)."""
+        """Write ``state`` (a DCP state dict) as checkpoint ``step``; returns its URL once committed.
+        Async: returns once the state is copied into host memory (training may change it then); the write and
+        the commit run in a background thread, and :meth:`wait` (the next save, :meth:`finalize`) joins them."""
         self.wait()
         name = step_name(step)
         # A folder is written aside and renamed into place; on an object store there is no rename (a copy of the
         # whole checkpoint is no commit): it is written in place, and its manifest, written last, commits it.
-        tmp = f".tmp-{name}" if self.store.local else name
-        if _rank() == 0:
-            self.store.remove(tmp)
-        _barrier()
-        writer = self._writer(self.store.url(tmp))
+        tmp = f".tmp-{name}-{self.token}" if self.store.local else name
+        if not self.store.local:
+            on_rank0(lambda: self.store.remove(name), self.store.url(name))  # uncommit a re-saved step first
         start = time.perf_counter()
         if self.async_save:
+            try:
+                staged = self._stager.stage(state)
+            except ERRORS as e:
+                raise self._failed(e, name, tmp) from e
             if self._async_group is None and dist.is_initialized():
-                self._async_group = dist.new_group(backend="gloo")  # keep checkpoint traffic off the training group
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
+                self._async_group = dist.new_group(backend="gloo")  # keep checkpoint traffic off training
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stoker-checkpoint")
+            future = self._executor.submit(self._write_and_commit, step, tmp, staged, self._async_group)
             self._pending = (future, step, tmp)
-            log.info("checkpoint %s staged in %.2fs (writing in the background)", name, time.perf_counter() - start)
+            log.info("checkpoint %s staged in %.2fs (written and committed in the background)", name,
+                     time.perf_counter() - start)
             return self.store.url(name)
-        dcp.save(state, storage_writer=writer)
+        try:
+            dcp.save(state, storage_writer=self._writer(self.store.url(tmp)))  # the same error on every rank
+        except ERRORS as e:
+            raise self._failed(e, name, tmp) from e
         self._commit(step, tmp)
         log.info("checkpoint %s committed in %.2fs", name, time.perf_counter() - start)
         return self.store.url(name)
 
+    def _write_and_commit(self, step: int, tmp: str, staged: dict[str, Any], pg: Any) -> None:
+        """The background half of an async save: the staged copy written, then committed, over ``pg`` (the
+        checkpoint's own gloo group: the training thread keeps the default group to itself)."""
+        start = time.perf_counter()
+        dcp.save(staged, storage_writer=self._writer(self.store.url(tmp)), process_group=pg)
+        self._commit(step, tmp, pg)
+        log.info("checkpoint %s committed in the background in %.2fs", step_name(step), time.perf_counter() - start)
+
     def wait(self) -> None:
-        """Finish and commit a pending async save."""
+        """Wait for a pending async save to be committed; CheckpointError (on every rank) if it failed."""
         if self._pending is None:
             return
         future, step, tmp = self._pending
         self._pending = None
-        future.result()
-        self._commit(step, tmp)
+        try:
+            future.result()
+        except ERRORS as e:
+            raise self._failed(e, step_name(step), tmp) from e
+
+    def _failed(self, exc: BaseException, name: str, tmp: str) -> CheckpointError:
+        """The error of a failed write; this attempt's partial folder is deleted (it frees a full disk)."""
+        error = CheckpointError(describe_failure(exc, self.store.url(name),
+                                                 self.store.path if self.store.local else None))
+        if self.store.local and _rank() == 0:
+            shutil.rmtree(self.store.join(tmp), ignore_errors=True)
+        return error
 
     def finalize(self) -> None:
         self.wait()
@@ -260,23 +261,39 @@ class Checkpointer:
 
         return FsspecWriter(url)
 
-    def _commit(self, step: int, tmp: str) -> None:
-        _barrier()  # every rank's shards are on storage
+    def _commit(self, step: int, tmp: str, pg: Any = None) -> None:
+        """Every rank checksums the files it wrote (in parallel), then rank 0 commits (collective over ``pg``)."""
+        _barrier(pg)  # every rank's shards are on storage
+        files = hash_written(self.store, tmp, pg)
+        on_rank0(lambda: self._commit_files(step, tmp, files), self.store.url(step_name(step)), pg)
+
+    def _commit_files(self, step: int, tmp: str, files: dict[str, dict[str, Any]] | None = None) -> None:
+        """Rank 0: manifest, then (local) rename aside / rename into place / ``latest`` / delete aside."""
         name = step_name(step)
-        if _rank() == 0:
-            files = {}
-            for rel, full in sorted(self.store.files(tmp).items()):
-                digest, size = self.store.sha256(full)
-                files[rel] = {"sha256": digest, "bytes": size}
-            manifest = {"step": step, "files": files, "fingerprint": self.fingerprint, "config": self.config,
-                        "layout": self.layout, "created": time.time(), "torch": torch.__version__}
-            self.store.write_atomic(json.dumps(manifest, indent=1, sort_keys=True), tmp, MANIFEST)
-            if tmp != name:
-                self.store.remove(name)  # a re-save of the same step (after a resume) replaces it
-                self.store.fs.mv(self.store.join(tmp), self.store.join(name), recursive=True)
-            self.store.write_atomic(name, LATEST)
-            self._prune(keep_name=name)
-        _barrier()
+        files = dict(files or {})
+        on_disk = self.store.files(tmp)
+        files.update(self.store.hash_files({rel: on_disk[rel] for rel in set(on_disk) - set(files)}))
+        manifest = {"step": step, "files": files, "fingerprint": self.fingerprint,
+                    "config": self.config, "layout": self.layout, "created": time.time(),
+                    "torch": torch.__version__}
+        manifest = sign_manifest(manifest)  # readers check it before trusting a checksum (or unpickling anything)
+        self.store.write_atomic(json.dumps(manifest, indent=1, sort_keys=True), tmp, MANIFEST)
+        aside = None
+        if tmp != name:
+            target = self.store.join(name)
+            if os.path.exists(target):  # a re-save of the same step (after a resume) replaces it
+                aside = self.store.join(f".old-{name}-{self.token}")
+                os.rename(target, aside)
+            try:
+                os.rename(self.store.join(tmp), target)
+            except OSError:
+                if aside is not None:
+                    os.rename(aside, target)
+                raise
+        self.store.write_atomic(name, LATEST)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+        self._prune(keep_name=name)
 
     def _prune(self, keep_name: str) -> None:
         committed = [n for n in self.store.list() if n.startswith(PREFIX) and self.store.exists(n, MANIFEST)]
@@ -286,37 +303,18 @@ class Checkpointer:
 
     # -- loading --------------------------------------------------------------------------------
     def verify(self, name: str) -> dict[str, Any]:
-        """The manifest of checkpoint ``name`` after checking every file against it (CheckpointError if not)."""
-        if not self.store.exists(name, MANIFEST):
-            raise CheckpointError(f"{self.store.url(name)} has no {MANIFEST}: the checkpoint was never committed "
-                                  "(torn write); resume from an earlier checkpoint")
-        manifest = parse_manifest(self.store.read_text(name, MANIFEST), self.store.url(name, MANIFEST))
-        present = self.store.files(name)
-        for rel, meta in manifest["files"].items():
-            if rel not in present:
-                raise CheckpointError(f"{self.store.url(name, rel)} is missing: the checkpoint is incomplete")
-            digest, size = self.store.sha256(present[rel])
-            if digest != meta["sha256"] or size != meta["bytes"]:
-                raise CheckpointError(f"{self.store.url(name, rel)} does not match its checksum in {MANIFEST}: "
-                                      "the checkpoint is corrupted; resume from an earlier one")
-        return manifest
+        """The manifest of checkpoint ``name`` after checking every file against it (CheckpointError if not);
+        under a process group every rank checks its share of the files (collective)."""
+        return verify(self.store, name)
 
     def latest(self) -> str | None:
-        """Name of the newest loadable checkpoint here (``latest``, else the newest valid one), or None."""
-        names = sorted((n for n in self.store.list() if n.startswith(PREFIX)), reverse=True)
-        if self.store.exists(LATEST):
-            pointed = self.store.read_text(LATEST).strip()
-            if re.fullmatch(rf"{PREFIX}\d+", pointed):  # a pointer is a checkpoint's name, never a path
-                names = [pointed] + [n for n in names if n != pointed]
-            else:
-                log.warning("ignoring %s: it holds %r, not a checkpoint name", self.store.url(LATEST), pointed[:80])
-        for name in names:
-            try:
-                self.verify(name)
-                return name
-            except CheckpointError as e:
-                log.warning("skipping checkpoint %s: %s", name, e)
-        return None
+        """Name of the newest loadable checkpoint here (``latest``, else the newest valid one), or None.
+        Collective under a process group (the ranks share the verification)."""
+        found = newest_valid(self.store)
+        if found is None:
+            return None
+        self._verified[self.store.url(found[0])] = found[1]
+        return found[0]
 
     def check_fingerprint(self, manifest: dict[str, Any], where: str) -> None:
         theirs = manifest.get("fingerprint", {})
@@ -335,28 +333,22 @@ class Checkpointer:
             )
 
     def inspect(self, url: str) -> dict[str, Any]:
-        """The manifest of checkpoint ``url`` once rank 0 verified every file and its fingerprint matches."""
-        base, name = _split(url)
-        result: Any = None
-        if _rank() == 0:
-            try:
-                result = Checkpointer.verify(self._with_store(_Store(base)), name)
-            except CheckpointError as e:
-                result = e
-            except Exception as e:  # unreadable manifest, storage errors
-                result = CheckpointError(f"cannot read checkpoint {url}: {e}")
-        result = _broadcast(result)
-        if isinstance(result, Exception):
-            raise result
-        self.check_fingerprint(result, url)
-        return result
+        """The manifest of checkpoint ``url`` once every file is verified (each rank its share, in parallel;
+        not again when :meth:`latest` just did) and its fingerprint matches. Collective under a group."""
+        url = url.rstrip("/")
+        manifest = self._verified.pop(url, None)
+        if manifest is None:
+            base, name = split(url)
+            manifest = verify(Store(base), name)
+        self.check_fingerprint(manifest, url)
+        return manifest
 
     def load(self, url: str, state: dict[str, Any], manifest: dict[str, Any] | None = None) -> dict[str, Any]:
         """Load checkpoint ``url`` into ``state`` in place (verified by :meth:`inspect` unless its manifest
         is given); returns the manifest."""
         manifest = manifest if manifest is not None else self.inspect(url)
-        base, name = _split(url)
-        store = _Store(base)
+        base, name = split(url)
+        store = Store(base)
         if store.local:
             reader: Any = dcp.FileSystemReader(store.fs._strip_protocol(store.url(name)))
         else:
@@ -365,12 +357,12 @@ class Checkpointer:
             reader = FsspecReader(store.url(name))
         try:
             dcp.load(state, storage_reader=reader)
-        except Exception as e:
-            raise CheckpointError(f"cannot load checkpoint {url}: {e}") from e
+        except ERRORS as e:
+            raise CheckpointError(f"cannot load checkpoint {url}: {describe_failure(e, url)}") from e
         log.info("loaded checkpoint %s (step %d)", url, manifest["step"])
         return manifest
 
-    def _with_store(self, store: _Store) -> Checkpointer:
+    def _with_store(self, store: Store) -> Checkpointer:
         clone = object.__new__(Checkpointer)
         clone.__dict__.update(self.__dict__)
         clone.store = store
@@ -378,20 +370,21 @@ class Checkpointer:
 
 
 def resolve_resume(checkpointer: Checkpointer, resume_from: str, resume: str) -> str | None:
-    """URL of the checkpoint to resume from: ``resume_from`` (a checkpoint or a checkpoint folder with
-    ``latest``), else with ``resume='auto'`` the newest valid checkpoint in the checkpointer's folder."""
+    """URL of the checkpoint to resume from: ``resume_from`` (a checkpoint, or a checkpoint folder: its newest
+    valid one), else with ``resume='auto'`` the newest valid checkpoint in the checkpointer's folder.
+    Collective under a process group (every rank calls it)."""
     if resume_from:
-        store = _Store(resume_from)
-        if store.exists(MANIFEST) or store.exists(".metadata"):
-            return resume_from.rstrip("/")
-        if store.exists(LATEST) or any(n.startswith(PREFIX) for n in store.list()):
-            name = _broadcast(Checkpointer._with_store(checkpointer, store).latest() if _rank() == 0 else None)
-            if name is None:
-                raise CheckpointError(f"checkpoint.resume_from={resume_from}: no valid checkpoint in it")
-            return store.url(name)
+        resume_from = resume_from.rstrip("/")
+        if is_checkpoint(resume_from):
+            return resume_from  # verified when loaded: a damaged one is refused, never swapped for another
+        store = Store(resume_from)
+        if store.exists(LATEST) or any(is_step_name(n) for n in store.list()):
+            url, manifest = find(resume_from, "checkpoint.resume_from")
+            checkpointer._verified[url] = manifest
+            return url
         raise CheckpointError(f"checkpoint.resume_from={resume_from}: no checkpoint there (no {MANIFEST} or "
                               f"{LATEST}); give a step_XXXXXXXX folder or a checkpoint directory")
     if resume != "auto":
         return None
-    name = _broadcast(checkpointer.latest() if _rank() == 0 else None)
+    name = checkpointer.latest()
     return None if name is None else checkpointer.store.url(name)

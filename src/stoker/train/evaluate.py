@@ -9,21 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stoker.errors import CheckpointError, DataError
+from stoker.errors import CheckpointError, DataError, StokerError
 from stoker.train.model import Llama
 
 
 def load_model(checkpoint: str) -> Llama:
-    """The model of a committed checkpoint (any TP/ZeRO-1/FSDP layout) as a plain single-process Llama."""
+    """The model of a committed checkpoint (any TP/ZeRO-1/FSDP layout) as a plain single-process Llama.
+    ``checkpoint``: a step folder (refused in one line when damaged) or a checkpoint directory (its newest
+    valid checkpoint)."""
     from stoker.train.hf import load_checkpoint_weights
 
-    cfg, weights, _ = load_checkpoint_weights(checkpoint)
+    cfg, weights, _ = load_checkpoint_weights(checkpoint, what="evaluate")
     model = Llama(cfg)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not (cfg.tie_embeddings and k == "output.weight")]
@@ -109,9 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    print(json.dumps(evaluate_checkpoint(a.checkpoint, a.data, split=a.split, batches=a.batches,
-                                         tokenizer=a.tokenizer, prompts=a.prompt, max_new_tokens=a.max_new_tokens,
-                                         temperature=a.temperature, top_k=a.top_k, seed=a.seed), indent=1))
+    try:
+        result = evaluate_checkpoint(a.checkpoint, a.data, split=a.split, batches=a.batches, tokenizer=a.tokenizer,
+                                     prompts=a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                                     top_k=a.top_k, seed=a.seed)
+    except StokerError as e:  # one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(json.dumps(result, indent=1))
     return 0
 
 

@@ -389,8 +389,7 @@ def source_model_config(source: str | os.PathLike[str]) -> LlamaConfig:
         if fs.exists(f"{path}/config.json"):
             with fs.open(f"{path}/config.json", "r") as f:
                 return from_hf_config(json.load(f), source=f"{url}/config.json")
-        with fs.open(f"{_resolve_checkpoint(fs, path, url)}/{_MANIFEST}", "r") as f:
-            model = (json.load(f).get("fingerprint") or {}).get("model")
+        model = (_unverified_manifest(url).get("fingerprint") or {}).get("model")
     except (OSError, ValueError, CheckpointError) as exc:
         raise ConfigError(f"model.init_from={url}: cannot read its model config ({exc}); give a Hugging Face folder "
                           "(config.json + safetensors) or a stoker checkpoint, or name the model in [model]") from None
@@ -399,63 +398,44 @@ def source_model_config(source: str | os.PathLike[str]) -> LlamaConfig:
     return LlamaConfig(**model)
 
 
-def _resolve_checkpoint(fs: Any, path: str, url: str) -> str:
-    """The folder of one committed checkpoint: ``path`` itself, its ``latest``, or its newest step_*."""
-    if fs.exists(f"{path}/{_MANIFEST}"):
-        return path
-    if fs.exists(f"{path}/{_LATEST}"):
-        with fs.open(f"{path}/{_LATEST}", "r") as f:
-            return f"{path}/{f.read().strip()}"
-    steps = sorted((p.rstrip("/") for p in fs.ls(path, detail=False) if os.path.basename(p.rstrip("/")).startswith(_STEP)
-                    and fs.exists(f"{p.rstrip('/')}/{_MANIFEST}")), reverse=True) if fs.exists(path) else []
-    if not steps:
-        raise CheckpointError(f"export: no committed checkpoint at {url} (no {_MANIFEST}, no {_LATEST}, no "
-                              f"{_STEP}* folder with a manifest); give a checkpoint or a checkpoint directory")
-    return steps[0]
+def _unverified_manifest(url: str) -> dict[str, Any]:
+    """The manifest of the checkpoint ``url`` names (the step folder, or the first candidate in a checkpoint
+    folder whose manifest parses), without hashing its files: enough to learn the model's shape."""
+    from .checkpoint_files import LATEST, Store, candidates, is_checkpoint, parse_manifest, split
+
+    if is_checkpoint(url):
+        base, name = split(url)
+        store = Store(base)
+        return parse_manifest(store.read_text(name, _MANIFEST), store.url(name, _MANIFEST))
+    store = Store(url)
+    for name in candidates(store) if store.exists(LATEST) or store.list() else []:
+        if store.exists(name, _MANIFEST):
+            try:
+                return parse_manifest(store.read_text(name, _MANIFEST), store.url(name, _MANIFEST))
+            except CheckpointError:
+                continue
+    raise CheckpointError(f"no committed checkpoint at {url}")
 
 
-def _verified_manifest(fs: Any, ckpt: str) -> dict[str, Any]:
-    """The checkpoint's manifest, after checking every file's size and sha256 against it."""
-    import hashlib
-
-    if not fs.exists(f"{ckpt}/{_MANIFEST}"):
-        raise CheckpointError(f"export: {ckpt} has no {_MANIFEST}: it was never committed; use an earlier checkpoint")
-    from .checkpoint import parse_manifest
-
-    with fs.open(f"{ckpt}/{_MANIFEST}", "r") as f:
-        manifest = parse_manifest(f.read(), f"export: {ckpt}/{_MANIFEST}")
-    for rel, meta in manifest.get("files", {}).items():
-        h, size = hashlib.sha256(), 0
-        try:
-            with fs.open(f"{ckpt}/{rel}", "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-                    size += len(chunk)
-        except FileNotFoundError:
-            raise CheckpointError(f"export: {ckpt}/{rel} is missing: the checkpoint is incomplete") from None
-        if h.hexdigest() != meta["sha256"] or size != meta["bytes"]:
-            raise CheckpointError(f"export: {ckpt}/{rel} does not match its checksum in {_MANIFEST}: "
-                                  "the checkpoint is corrupted; use an earlier one")
-    return manifest
-
-
-def load_checkpoint_weights(checkpoint: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, Any]]:
+def load_checkpoint_weights(checkpoint: str | os.PathLike[str], *, what: str = "checkpoint"
+                            ) -> tuple[LlamaConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """Model config, full model weights (stoker names, CPU) and manifest of a committed stoker checkpoint.
 
-    ``checkpoint``: a ``step_XXXXXXXX`` folder or a checkpoint directory (its ``latest``), local or an
-    fsspec URL. The checkpoint is verified against its manifest first. Runs in one process: the
+    ``checkpoint``: a ``step_XXXXXXXX`` folder (refused in one line when damaged) or a checkpoint directory
+    (its newest valid checkpoint: ``latest``, else the newest that verifies; each skipped one is named in a
+    warning), local or an fsspec URL. ``what`` names the reader in messages. Runs in one process: the
     torch.distributed.checkpoint shards of any TP/FSDP layout are read back as full tensors."""
     import fsspec
     import torch.distributed.checkpoint as dcp
 
-    url = str(checkpoint).rstrip("/")
-    fs, path = fsspec.core.url_to_fs(url)
-    path = path.rstrip("/")
-    ckpt = _resolve_checkpoint(fs, path, url)
-    manifest = _verified_manifest(fs, ckpt)
+    from .checkpoint_files import ERRORS, describe_failure, find
+
+    found, manifest = find(str(checkpoint), what)
+    fs, ckpt = fsspec.core.url_to_fs(found)
+    ckpt = ckpt.rstrip("/")
     model_dict = (manifest.get("fingerprint") or {}).get("model")
     if not model_dict:
-        raise CheckpointError(f"export: {ckpt}/{_MANIFEST} records no model config; not a stoker training checkpoint")
+        raise CheckpointError(f"{what}: {found}/{_MANIFEST} records no model config; not a stoker training checkpoint")
     cfg = LlamaConfig(**model_dict)
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     if local:
@@ -464,18 +444,21 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike[str]) -> tuple[LlamaCo
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         reader = FsspecReader(fs.unstrip_protocol(ckpt))
-    metadata = reader.read_metadata()
     state: dict[str, Any] = {}
-    for key, meta in metadata.state_dict_metadata.items():
-        if key.startswith("model.") and hasattr(meta, "size"):
-            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    try:  # verified above; this catches what a checksum cannot (a checkpoint another torch cannot read)
+        metadata = reader.read_metadata()
+        for key, meta in metadata.state_dict_metadata.items():
+            if key.startswith("model.") and hasattr(meta, "size"):
+                state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        if state:  # no_dist: this process reads every shard itself, whatever the layout that wrote them
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+                dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}},  # type: ignore[arg-type]
+                         storage_reader=reader, no_dist=True)
+    except ERRORS as e:
+        raise CheckpointError(f"{what}: cannot read checkpoint {found}: {describe_failure(e, found)}") from e
     if not state:
-        raise CheckpointError(f"export: {ckpt} holds no model.* tensors; not a stoker training checkpoint")
-    # no_dist: this process reads every shard itself, whatever the layout that wrote them
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load({"model": {k[len("model."):]: v for k, v in state.items()}},  # type: ignore[arg-type]
-                 storage_reader=reader, no_dist=True)
+        raise CheckpointError(f"{what}: {found} holds no model.* tensors; not a stoker training checkpoint")
     weights = {_clean(k[len("model."):]): v for k, v in state.items()}
     return cfg, weights, manifest
 
@@ -486,7 +469,7 @@ def export_from_checkpoint(checkpoint: str | os.PathLike[str], out_dir: str | os
 
     Run it in a single process (no torchrun needed). ``kwargs`` go to :func:`export_hf` (``tokenizer``,
     ``bos_token_id``, ``eos_token_id``, ``max_shard_bytes``)."""
-    cfg, weights, manifest = load_checkpoint_weights(checkpoint)
+    cfg, weights, manifest = load_checkpoint_weights(checkpoint, what="export")
     if not cfg.tie_embeddings and "output.weight" not in weights:
         raise CheckpointError(f"export: {checkpoint} lacks output.weight for an untied model")
     out = export_hf(weights, cfg, out_dir, dtype=dtype, **kwargs)

@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from stoker.errors import CheckpointError, ConfigError, DataError, TrainingError
+from stoker.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
 from stoker.train.checkpoint import Checkpointer, load_trainer_state, resolve_resume, rng_state, set_rng_state
 from stoker.train.config import TrainConfig, as_config
 from stoker.train.data_source import make_loader, open_training_data
@@ -41,6 +43,36 @@ from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
 from stoker.train.zero import Zero1AdamW, init_adamw_state
 
 log = logging.getLogger(__name__)
+
+
+class _SigtermFlag:
+    """Preemption: SIGTERM only sets a flag; the loop finishes its step, the ranks agree, checkpoint and exit.
+
+    A spot/Batch/Slurm termination (or torchrun forwarding one) sends SIGTERM to every rank, but not at the same
+    instant: each rank contributes its flag to an all-reduce (MAX) after every step, so all of them stop after
+    the same step and checkpoint it together."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.old: Any = None
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.old = signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.hit = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """True on every rank once any rank has seen SIGTERM (one tiny collective per step)."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return self.hit
+        flag = torch.tensor([1 if self.hit else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.old if self.old is not None else signal.SIG_DFL)
 
 
 def _accelerator(name: str) -> Any:
@@ -230,6 +262,8 @@ class Trainer:
         t_run = t_log = time.perf_counter()
         steps_since_log = 0
         stop_at = t.stop_after if t.stop_after else t.steps
+        sigterm = _SigtermFlag()
+        saved_at = self.step if self.resumed_from else -1
         try:
             while self.step < min(t.steps, stop_at):
                 lr = self.schedule.apply()
@@ -265,7 +299,13 @@ class Trainer:
                     writer.advance(self.step)
                 every = self.cfg.checkpoint.every
                 if every and self.step % every == 0 and self.step < t.steps:
-                    last_ckpt = self.save()
+                    last_ckpt, saved_at = self.save(), self.step
+                if self.step < min(t.steps, stop_at) and sigterm.agreed(self.device):
+                    if saved_at != self.step:
+                        last_ckpt, saved_at = self.save(), self.step
+                    self.checkpointer.finalize()  # committed (an async save too) before the process exits
+                    raise Preempted(f"stopped by SIGTERM after step {self.step}; checkpoint {last_ckpt} is "
+                                    "committed and a retry resumes from it", step=self.step)
             if self.cfg.checkpoint.save_final and (self.step == t.steps or t.stop_after) and self.step > start_step:
                 last_ckpt = self.save()
             self.checkpointer.finalize()
@@ -273,6 +313,7 @@ class Trainer:
             self.checkpointer.finalize()  # commit a pending async save of the last good step
             raise
         finally:
+            sigterm.restore()
             writer.close()
         elapsed = time.perf_counter() - t_run
         done = self.step - start_step

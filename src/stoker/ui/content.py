@@ -11,7 +11,7 @@ from typing import Any
 
 from stoker.store.artifacts import load_artifact
 from stoker.store.blob import BlobStore, check_name
-from stoker.store.manifest import log_name, run_prefix
+from stoker.store.manifest import artifact_descriptor, log_name, read_manifest, run_prefix
 from stoker.store.metadata import MetadataDB
 from stoker.store.series import chunk_seq, decode_chunk
 
@@ -84,20 +84,35 @@ class SeriesReader:
         return out
 
 
-def _preview(store: BlobStore, desc: dict[str, Any]) -> str:
-    if desc.get("kind") == "pickle" and (desc.get("size") or 0) <= PREVIEW_MAX:
+def _loads_preview(desc: dict[str, Any]) -> bool:
+    return desc.get("kind") == "pickle" and (desc.get("size") or 0) <= PREVIEW_MAX
+
+
+def _preview(store: BlobStore, desc: dict[str, Any], signed: dict[str, Any] | None) -> str:
+    """A small pickle's value, unpickled only from the attempt's verified manifest (``signed``: its artifacts;
+    the index is not signed), else the stored repr."""
+    trusted = (signed or {}).get(desc.get("name", ""))
+    if isinstance(trusted, dict) and _loads_preview(trusted):
         try:
-            return pprint.pformat(load_artifact(store, desc), width=100, compact=True)[:PREVIEW_MAX]
-        except Exception:  # noqa: BLE001 - a class not importable here: fall back to the stored repr
+            return pprint.pformat(load_artifact(store, trusted), width=100, compact=True)[:PREVIEW_MAX]
+        except Exception:  # noqa: BLE001 - a class not importable here, an untrusted writer: the stored repr
             pass
     return str(desc.get("repr", ""))
 
 
 def artifacts(db: MetadataDB, store: BlobStore, flow: str, run_id: str, step: str, task_id: str,
               attempt: int | None = None) -> list[dict[str, Any]]:
+    rows = [a for a in db.list_artifacts(flow, run_id, step, task_id, attempt) if not a.name.startswith("_")]
+    signed = None
+    if any(_loads_preview(a.descriptor) for a in rows):
+        task = db.get_task(flow, run_id, step, task_id) if attempt is None else None
+        try:
+            signed = read_manifest(store, flow, run_id, step, task_id,
+                                   attempt if attempt is not None else task.attempt if task else 0)["artifacts"]
+        except Exception:  # noqa: BLE001 - unsigned, forged, or gone: show the stored reprs only
+            signed = None
     return [{"name": a.name, "type": a.type, "kind": a.kind, "size": a.size, "sha": a.sha,
-             "preview": _preview(store, a.descriptor)}
-            for a in db.list_artifacts(flow, run_id, step, task_id, attempt) if not a.name.startswith("_")]
+             "preview": _preview(store, {**a.descriptor, "name": a.name}, signed)} for a in rows]
 
 
 def cards(store: BlobStore, flow: str, run_id: str) -> list[dict[str, Any]]:
@@ -132,8 +147,9 @@ def _value(db: MetadataDB, store: BlobStore, flow: str, run_id: str, name: str) 
     for t in reversed(db.list_tasks(flow, run_id)):
         a = db.get_artifact(flow, run_id, t.step, t.task_id, name)
         if a is not None:
-            try:
-                return load_artifact(store, a.descriptor), True
+            try:  # from the verified manifest: the index is not signed
+                return load_artifact(store, artifact_descriptor(store, flow, run_id, t.step, t.task_id, t.attempt,
+                                                                name)), True
             except Exception:  # noqa: BLE001 - shown as missing rather than failing the page
                 return None, False
     return None, False

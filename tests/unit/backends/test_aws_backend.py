@@ -32,13 +32,16 @@ class Recording:
         return call
 
 
+KEY_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:stoker/bucket/stoker/store-key-AbCdEf"
+
+
 @pytest.fixture
 def backend(aws, monkeypatch):
     monkeypatch.setenv("STOKER_STORE", "s3://bucket/stoker")
     make_queue("stoker-queue")
     rec = Recording(aws.client("batch"))
     opts = BatchOptions(queue="stoker-queue", image="img:1", region="us-east-1", use_infra=False,
-                        instance_types=["trn1.32xlarge"])
+                        instance_types=["trn1.32xlarge"], store_key_secret=KEY_SECRET)
     b = BatchBackend(options=opts, client=BatchClient("us-east-1", batch=rec, logs=aws.client("logs")))
     b.recorded = rec
     return b
@@ -84,6 +87,24 @@ def test_a_local_store_is_refused(backend, tmp_path):
     unit.store_url = str(tmp_path / "store")
     with pytest.raises(ConfigError, match="Batch containers cannot reach: use an S3 store"):
         backend.check(unit)
+
+
+def test_no_store_key_secret_is_refused_before_anything_is_submitted(backend):
+    """Without a secret the nodes could not read (or sign) a manifest: refused with the fix, nothing submitted."""
+    backend.options.store_key_secret = None
+    with pytest.raises(ConfigError, match="signing key.*`stoker infra apply`.*STOKER_STORE_KEY_SECRET"):
+        backend.check(make_unit("task", 1))
+    assert not [c for c in backend.recorded.calls if c[0] in ("submit_job", "register_job_definition")]
+
+
+def test_a_run_with_secret_parameters_is_refused_for_batch(backend, monkeypatch):
+    """A secret parameter's value lives only in the launcher's environment (STOKER_SECRET_*): a Batch container
+    would fail (and be retried) reading it, so the step is refused up front, naming the parameter and the fix."""
+    monkeypatch.setenv("STOKER_SECRET_HF_TOKEN", '"s3cr3t-value"')
+    with pytest.raises(ConfigError, match=r"secret parameters \(hf_token\).*Secrets Manager") as e:
+        backend.check(make_unit("task", 1))
+    assert "s3cr3t" not in str(e.value)
+    assert not [c for c in backend.recorded.calls if c[0] in ("submit_job", "register_job_definition")]
 
 
 def test_missing_image_queue_and_unknown_queue(backend):

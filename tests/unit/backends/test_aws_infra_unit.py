@@ -258,6 +258,13 @@ def test_every_policy_stoker_creates_is_least_privilege():
         validate("iam", "PutRolePolicy", {"RoleName": "r", "PolicyName": "p", "PolicyDocument": json.dumps(doc)})
     objects, listing, logs = job["Statement"]
     assert objects["Resource"] == "arn:aws:s3:::my-bucket/stoker/*"  # the store's prefix, nothing else
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:stoker/my-bucket/stoker/store-key-AbCdEf"
+    keyed = job_role_policy("my-bucket", "stoker", "/aws/batch/job", region="us-east-1", account="123456789012",
+                            key_secret_arn=arn)
+    assert keyed["Statement"][:3] == job["Statement"] and check_least_privilege(keyed) == []
+    assert keyed["Statement"][3] == {"Sid": "StoreKey", "Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+                                     "Resource": arn}  # the store's key secret, and no other
+    validate("iam", "PutRolePolicy", {"RoleName": "r", "PolicyName": "p", "PolicyDocument": json.dumps(keyed)})
     assert listing["Resource"] == "arn:aws:s3:::my-bucket"
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["stoker", "stoker/*"]}}
     assert all(r.startswith("arn:aws:logs:us-east-1:123456789012:log-group:/aws/batch/job") for r in logs["Resource"])

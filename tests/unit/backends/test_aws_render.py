@@ -19,7 +19,9 @@ from stoker.runtime.spec import TaskSpec
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "aws_batch"
 OPTS = BatchOptions(queue="stoker-queue", image="123456789012.dkr.ecr.us-east-1.amazonaws.com/stoker:latest",
-                    job_role="arn:aws:iam::123456789012:role/stoker-job", region="us-east-1", use_infra=False)
+                    job_role="arn:aws:iam::123456789012:role/stoker-job", region="us-east-1", use_infra=False,
+                    store_key_secret="arn:aws:secretsmanager:us-east-1:123456789012:secret:stoker/bucket/stoker/"
+                                     "store-key-AbCdEf")
 
 
 def make_unit(kind: str, n: int, attempt: int = 0, **kw) -> Unit:
@@ -95,12 +97,19 @@ def test_multinode_job_shape():
 def test_no_secret_and_no_per_run_value_in_the_definition(monkeypatch):
     """The definition is the step's (reused by every run); keys and environment travel in the submission."""
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SECRET-VALUE")
+    monkeypatch.setenv("STOKER_STORE_KEY", "STORE-KEY-VALUE")  # the store's signing key: never in a request
     jd1, sub1, text = render_requests(make_unit("task", 1, options=batch(cpu=2)), OPTS)
     other = make_unit("task", 1, options=batch(cpu=2))
     other.run_id, other.spec_key, other.env = "43", "sha256-other", {"STOKER_RUN_ID": "43"}
     jd2, sub2, _ = render_requests(other, OPTS)
     assert jd1 == jd2 and sub1 != sub2
-    assert "SECRET-VALUE" not in text
+    assert "SECRET-VALUE" not in text and "STORE-KEY-VALUE" not in text
+    env = {e["name"]: e["value"] for e in sub1["containerOverrides"]["environment"]}
+    assert env["STOKER_STORE_KEY_SECRET"] == OPTS.store_key_secret and "STOKER_STORE_KEY" not in env
+    gang = make_unit("gang", 2, options=batch(cpu=2))
+    gang.env = {**gang.env, "STOKER_STORE_KEY": "STORE-KEY-VALUE"}  # even if something put it in the unit's env
+    _, _, gang_text = render_requests(gang, OPTS)
+    assert "STORE-KEY-VALUE" not in gang_text and "STOKER_STORE_KEY_SECRET" in gang_text
     assert jd1["containerProperties"]["command"][-6:] == ["--store", "Ref::store", "--code", "Ref::code",
                                                            "--spec", "Ref::spec"]
     assert sub1["parameters"] == {"store": "s3://bucket/stoker", "code": "sha256-code", "spec": "sha256-spec"}

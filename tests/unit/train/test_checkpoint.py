@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stoker.errors import CheckpointError, ConfigError
+from stoker.train.checkpoint_signing import sign_manifest
 from stoker.train.trainer import run_training
 
 torch.set_num_threads(1)
@@ -134,7 +135,7 @@ def test_resume_refusals_name_the_fix(tmp_path: Path, tokens: Path):
     manifest_path = Path(first["checkpoint"]) / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["fingerprint"] = {"model": manifest["fingerprint"]["model"], "dp": 1, "tp": 1, "dp_mode": "none"}
-    manifest_path.write_text(json.dumps(manifest))  # what the previous format wrote
+    manifest_path.write_text(json.dumps(sign_manifest(manifest)))  # what the previous format wrote (signed)
     with pytest.raises(CheckpointError, match="earlier stoker version.*resume=.never"):
         run_training(cfg(tmp_path / "c", tokens, train={"steps": 4, "global_batch_size": 8}),
                      resume_from=first["checkpoint"])

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from stoker.errors import CheckpointError
+from stoker.store.signing import SIGNATURE
+from stoker.train import evaluate, hf
 from stoker.train.checkpoint import MANIFEST, load_trainer_state, rng_state, set_rng_state
 from stoker.train.trainer import run_training
 
@@ -91,7 +93,8 @@ def test_planted_pickle_is_refused_without_running(tmp_path: Path):
 
 def _replant(step_dir: Path, key: str, data: bytes, work: Path) -> None:
     """Rewrite a committed checkpoint with ``state[key]`` replaced, and re-checksum its manifest as
-    someone with write access to the folder would (so the checksums do not give the change away)."""
+    someone with write access to the folder would (so the checksums do not give the change away). Without the
+    store's key they cannot re-sign it: the manifest is left unsigned."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
     work.mkdir()
@@ -111,13 +114,16 @@ def _replant(step_dir: Path, key: str, data: bytes, work: Path) -> None:
         blob = new.read_bytes()
         files[new.name] = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
     manifest["files"] = files
+    manifest.pop(SIGNATURE, None)
     (step_dir / MANIFEST).write_text(json.dumps(manifest))
 
 
-def test_resume_from_a_planted_checkpoint_runs_no_code(tmp_path: Path, tokens: Path):
+def test_resume_from_a_planted_checkpoint_runs_no_code(tmp_path: Path, tokens: Path, monkeypatch):
     """A real run's committed checkpoint, its trainer state replaced by a pickle whose unpickling creates a
-    file (an injected fault: a writer to the shared checkpoint folder). Resuming refuses it and the marker
-    never appears; before, ``torch.load(weights_only=False)`` ran it on every resuming rank."""
+    file (an injected fault: a writer to the shared checkpoint folder). Even when its unsigned manifest is
+    accepted (``STOKER_TRUST_UNSIGNED=1``), resuming refuses it and the marker never appears; before,
+    ``torch.load(weights_only=False)`` ran it on every resuming rank."""
+    monkeypatch.setenv("STOKER_TRUST_UNSIGNED", "1")
     first = run_training(cfg(tmp_path / "part", tokens, stop_after=2))
     step_dir = Path(first["checkpoint"])
     marker = tmp_path / "pwned"
@@ -125,3 +131,76 @@ def test_resume_from_a_planted_checkpoint_runs_no_code(tmp_path: Path, tokens: P
     with pytest.raises(CheckpointError, match=r"step_00000002: its trainer state is not plain tensors"):
         run_training(cfg(tmp_path / "other", tokens), resume_from=str(step_dir))
     assert not marker.exists()
+
+
+def _plant_metadata(step_dir: Path, marker: Path, how: str) -> None:
+    """Replace the checkpoint's ``.metadata`` (DCP unpickles it with ``pickle.load``) by a pickle that creates
+    ``marker``, and fix its checksum in the manifest, keeping the old signature (``forged``) or dropping it
+    (``unsigned``): what a writer of the folder without the store's key can do (an injected fault)."""
+    import pickle
+
+    blob = pickle.dumps(Planted(marker))
+    (step_dir / ".metadata").write_bytes(blob)
+    manifest = json.loads((step_dir / MANIFEST).read_text())
+    manifest["files"][".metadata"] = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
+    if how == "unsigned":
+        del manifest[SIGNATURE]
+    (step_dir / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("signed")
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 256, size=97)
+    tokens = root / "tokens.bin"
+    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(tokens)
+    return Path(run_training(cfg(root / "run", tokens, steps=2))["checkpoint"]), tokens
+
+
+@pytest.mark.parametrize("how", ["forged", "unsigned"])
+@pytest.mark.parametrize("reader", ["resume", "export", "evaluate"])
+def test_a_rewritten_manifest_is_refused_before_anything_is_unpickled(committed, tmp_path, reader, how):
+    """A re-checksummed manifest vouching for a planted ``.metadata`` pickle: every reader refuses it by its
+    signature, in one line naming the checkpoint, and the pickle never runs. Before, the unsigned checksums
+    matched, and ``dcp.load`` / ``read_metadata`` unpickled it (the marker appeared)."""
+    source, tokens = committed
+    step_dir = tmp_path / "checkpoints" / source.name
+    shutil.copytree(source, step_dir)
+    marker = tmp_path / "pwned"
+    _plant_metadata(step_dir, marker, how)
+    want = "bad signature" if how == "forged" else "not signed.*STOKER_TRUST_UNSIGNED=1"
+    with pytest.raises(CheckpointError, match=want) as err:
+        if reader == "resume":
+            run_training(cfg(tmp_path / "other", tokens), resume_from=str(step_dir))
+        elif reader == "export":
+            hf.export_from_checkpoint(str(step_dir), tmp_path / "hf")
+        else:
+            evaluate.load_model(str(step_dir))
+    assert "\n" not in str(err.value) and f"{step_dir}/{MANIFEST}" in str(err.value)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_signed_with_another_stores_key_is_refused(committed, tmp_path, monkeypatch):
+    """The key is the one of the store the run uses (``$STOKER_METRICS_STORE`` in a flow task and its workers,
+    else ``$STOKER_STORE``): with key files instead of ``$STOKER_STORE_KEY``, a checkpoint verifies under its
+    own store's key and is refused under another's, with the key file named."""
+    from stoker.train.checkpoint_files import Store as CkStore
+    from stoker.train.checkpoint_files import split, verify
+    from stoker.train.checkpoint_signing import key_store_url, sign_manifest
+
+    source, _ = committed
+    step_dir = tmp_path / "ck" / source.name
+    shutil.copytree(source, step_dir)
+    monkeypatch.delenv("STOKER_STORE_KEY", raising=False)
+    monkeypatch.setenv("STOKER_KEY_DIR", str(tmp_path / "keys"))
+    monkeypatch.setenv("STOKER_STORE", str(tmp_path / "a-store"))
+    monkeypatch.setenv("STOKER_METRICS_STORE", f"file://{tmp_path}/run-store/")
+    assert key_store_url() == str(tmp_path / "run-store")
+    manifest = json.loads((step_dir / MANIFEST).read_text())
+    (step_dir / MANIFEST).write_text(json.dumps(sign_manifest(manifest)))  # the run store's key (a new file)
+    base, name = split(str(step_dir))
+    assert verify(CkStore(base), name)["step"] == 2
+    monkeypatch.delenv("STOKER_METRICS_STORE")  # a standalone reader: $STOKER_STORE's key
+    with pytest.raises(CheckpointError, match=f"bad signature.*{tmp_path}/a-store.*the key file {tmp_path}/keys/"):
+        verify(CkStore(base), name)

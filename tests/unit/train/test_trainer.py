@@ -164,4 +164,4 @@ def test_cli_error_is_one_line(tmp_path: Path, capsys):
     assert main(["--data", str(tmp_path / "missing.bin")]) == 1
     err = capsys.readouterr().err
     assert "error: token file" in err and "Traceback" not in err
-    assert main(["--train.lr"]) == 1 and "needs a value" in capsys.readouterr().err
+    assert main(["--train.lr"]) == 78 and "needs a value" in capsys.readouterr().err  # EX_CONFIG: not retried

@@ -11,11 +11,13 @@ place (with the number that fits).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
+from ...redact import SECRET_ENV_PREFIX
 from ...runtime.executor import (
     EXITED,
     QUEUED,
@@ -93,6 +95,17 @@ class BatchBackend(Backend):
         if not s["queue"]:
             raise ConfigError(f"{where}: no job queue: set @batch(queue=...) or STOKER_BATCH_QUEUE, or run "
                               f"`stoker infra apply` (it creates one)")
+        if not self.options.store_key_secret:
+            raise ConfigError(f"{where}: the Batch nodes need the store's signing key, and no Secrets Manager secret "
+                              f"holds it for them: run `stoker infra apply` (it creates one and lets the job role "
+                              f"read it), or set STOKER_STORE_KEY_SECRET to the ARN of a secret holding the key that "
+                              f"the job role may read (see docs/aws.md, 'The store key')")
+        secret = sorted(k[len(SECRET_ENV_PREFIX):].lower() for k in os.environ if k.startswith(SECRET_ENV_PREFIX))
+        if secret:  # the value lives only in this process's environment; a Batch container never gets it
+            raise ConfigError(f"{where}: the run has secret parameters ({', '.join(secret)}), whose values are never "
+                              f"stored and so cannot reach Batch containers: keep the secret in AWS Secrets Manager "
+                              f"and read it in the step with the job role (boto3 get_secret_value), or run the step "
+                              f"locally or on Slurm (docs/store.md, 'Security')")
         self._check_fit(unit, s, where)
         q = self.client.queue(s["queue"])
         if q is None:

@@ -6,7 +6,8 @@ A "task" is a single-node job (`type: container`); a "gang" of N is one multi-no
 only on the step (image, resources, devices, roles), so it is registered once and reused by every run: its name
 carries a hash of its content. What differs per submission travels in the SubmitJob request: the blob keys as
 Batch *parameters* (`Ref::code` in the command) and non-secret environment values. Secrets never appear in
-either: the containers get AWS credentials from the job role.
+either: the containers get AWS credentials from the job role, and the store's signing key from the Secrets
+Manager secret named in $STOKER_STORE_KEY_SECRET (its ARN, never the key).
 
 Devices: `trainium`/`inferentia` N maps /dev/neuron0..N-1, `efa` N maps /dev/infiniband/uverbs0..N-1; both
 set memlock unlimited (the Neuron runtime and libfabric pin memory).
@@ -49,7 +50,9 @@ class BatchOptions:
     containers run as), execution_role ($STOKER_BATCH_EXECUTION_ROLE), region ($STOKER_AWS_REGION / $AWS_REGION),
     instance_types (what the compute environment launches: requests are checked against them),
     log_group (where Batch's awslogs driver writes, `/aws/batch/job`), python (the image's interpreter),
-    poll_interval ($STOKER_BATCH_POLL_INTERVAL, default 5 s: one DescribeJobs call per interval for all jobs).
+    poll_interval ($STOKER_BATCH_POLL_INTERVAL, default 5 s: one DescribeJobs call per interval for all jobs),
+    store_key_secret ($STOKER_STORE_KEY_SECRET: the Secrets Manager secret, ARN or name, holding the store's
+    signing key; the nodes read the key from it).
     """
 
     queue: str | None = None
@@ -61,6 +64,7 @@ class BatchOptions:
     log_group: str = "/aws/batch/job"
     python: str = field(default_factory=lambda: os.environ.get("STOKER_BATCH_PYTHON", "python"))
     poll_interval: float = field(default_factory=lambda: float(os.environ.get("STOKER_BATCH_POLL_INTERVAL", "5")))
+    store_key_secret: str | None = None
     use_infra: bool = True  # fill what is not given from `stoker infra`'s state
 
     def __post_init__(self) -> None:
@@ -73,6 +77,8 @@ class BatchOptions:
                                or out.get("execution_role_arn"))
         self.region = self.region or env.get("STOKER_AWS_REGION") or out.get("region")
         self.instance_types = list(self.instance_types or out.get("instance_types") or [])
+        self.store_key_secret = (self.store_key_secret or env.get("STOKER_STORE_KEY_SECRET")
+                                 or out.get("store_key_secret_arn"))
         if self.poll_interval <= 0:
             from ...errors import ConfigError
 
@@ -195,6 +201,9 @@ def submit_request(unit: Unit, opts: BatchOptions, definition: str) -> dict[str,
     if unit.kind == "gang":  # Batch starts the other nodes after the main one runs, each pulling the image
         env["STOKER_RDZV_TIMEOUT"] = os.environ.get("STOKER_RDZV_TIMEOUT", str(GANG_RDZV_TIMEOUT_S))
     env.update(unit.env)
+    if opts.store_key_secret:  # where the nodes read the store's signing key; the key itself never travels
+        env["STOKER_STORE_KEY_SECRET"] = opts.store_key_secret
+    env.pop("STOKER_STORE_KEY", None)
     overrides = {"environment": [{"name": k, "value": str(v)} for k, v in sorted(env.items())]}
     req: dict[str, Any] = {
         "jobName": _name(f"{unit.flow}-{unit.run_id}-{unit.step}-{first.task_id}-a{unit.attempt}"),

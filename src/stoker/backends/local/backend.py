@@ -20,7 +20,9 @@ import sys
 import time
 from collections.abc import Callable
 
+from ..._process import Reaper
 from ...runtime.executor import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
+from ...runtime.failures import kill_grace
 from ...runtime.node import member_spec
 from ...runtime.spec import TaskSpec
 from .process import Member, fork_member, spawn_member
@@ -53,6 +55,7 @@ class LocalBackend(Backend):
         self.sel = selectors.DefaultSelector()
         self._ids = itertools.count(1)
         self._sink: Sink = lambda *a: None
+        self.reaper: Reaper | None = None  # kills members that outlive a crashed run (started at the first submit)
 
     def bind(self, entry: Callable[[TaskSpec], int]) -> None:
         """The in-process task entrypoint a forked member calls (the scheduler's flow class, store, graph)."""
@@ -94,6 +97,9 @@ class LocalBackend(Backend):
             else:
                 m = spawn_member(self.flow_file, member_spec(doc, env), env)
             members.append(m)
+            if self.reaper is None:
+                self.reaper = Reaper(kill_grace())
+            self.reaper.watch(m.pid)
         ref = JobRef(self.name, f"local-{next(self._ids)}", members=unit.size, kind=unit.kind, step=unit.step,
                      task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt,
                      extra={"pids": [m.pid for m in members]})
@@ -151,6 +157,8 @@ class LocalBackend(Backend):
 
     def wait(self, timeout: float, sink: Sink) -> None:
         self._sink = sink
+        if self.reaper is not None:
+            self.reaper.flush()  # the members this pass started, in one write
         if not self.sel.get_map():
             time.sleep(timeout)
             return
@@ -166,6 +174,9 @@ class LocalBackend(Backend):
         for fd in list(self.sel.get_map()):
             self._close(fd)
         self.sel.close()
+        if self.reaper is not None:
+            self.reaper.done()
+            self.reaper = None
 
     # -- output ------------------------------------------------------------------------------------------
     def _close(self, fd: int) -> None:
@@ -192,13 +203,20 @@ class LocalBackend(Backend):
 
         m = job.members[i]
         if m.exit_fd is not None:
-            self._close(m.exit_fd)
+            if self._owns(m.exit_fd, job, i):
+                self._close(m.exit_fd)
             m.exit_fd = None
         for fd, stream in zip(m.fds, ("stdout", "stderr"), strict=False):
             deadline = time.time() + 1.0
-            while fd in self.sel.get_map() and time.time() < deadline:
+            while self._owns(fd, job, i) and time.time() < deadline:
                 ready, _, _ = select.select([fd], [], [], 0.1)
                 if not ready or not self._read(job, i, stream, fd):
                     break
-            if fd in self.sel.get_map():
+            if self._owns(fd, job, i):
                 self._close(fd)
+
+    def _owns(self, fd: int, job: _Job, i: int) -> bool:
+        """Whether ``fd`` is still member i's: a pipe closed at its end of file frees its number, which the next
+        member's pipe or pidfd may get (draining that one here would steal its output and close it)."""
+        key = self.sel.get_map().get(fd)
+        return key is not None and key.data[0] is job and key.data[1] == i

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import signal
@@ -12,10 +13,14 @@ import time
 import traceback
 from collections.abc import Callable
 
-from ..._process import die_with_parent, signal_tree
+from ..._process import close_parent_only_fds, die_with_parent, signal_tree
 from ...runtime.spec import TaskSpec
 
 TAIL = 64 << 10
+# After a fork every page of the scheduler is copy-on-write, so each page it then writes costs a page fault and a
+# copy, and the garbage collector's full passes write to every object they visit. Frozen objects (all there are at
+# the first fork: modules, the flow, the graph) are never visited again; the run's own (tasks) still are.
+_frozen = False
 
 
 def _pidfd(pid: int) -> int | None:
@@ -65,6 +70,10 @@ class Member:
 
 
 def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
+    global _frozen
+    if not _frozen:  # see _FREEZE
+        gc.freeze()
+        _frozen = True
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     sys.stdout.flush()
@@ -75,6 +84,7 @@ def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
         code = 1
         try:
             os.setsid()
+            close_parent_only_fds()
             die_with_parent()
             if os.getppid() != parent:  # the scheduler died before prctl took effect
                 os._exit(1)

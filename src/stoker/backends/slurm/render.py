@@ -26,6 +26,10 @@ from typing import Any
 from ...runtime.executor import Unit
 
 TIME_MARGIN_MIN = 5  # a @timeout is enforced by the scheduler; Slurm's own limit is the backstop behind it
+# With a time limit, Slurm TERMs every member this many seconds before it (`--signal=TERM@S`): training finishes its
+# step, commits a checkpoint and exits "preempted" (75), and the scheduler resubmits it to resume. A later
+# `--signal` in @slurm(extra=[...]) overrides it.
+SIGNAL_LEAD_S = 120
 
 
 @dataclass(kw_only=True)
@@ -125,6 +129,8 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
                       ("gpus_per_node", "gpus-per-node"), ("time", "time")):
         if key in o:
             head.append(f"--{flag}={o[key]}")
+    if "time" in o:
+        head.append(f"--signal=TERM@{SIGNAL_LEAD_S}")
     if o.get("exclusive"):
         head.append("--exclusive")
     head += [f"--chdir={folder}",

@@ -5,6 +5,7 @@
     policies.py  IAM documents (least privilege) and check_least_privilege
     base.py      injected clients, the context, AWS calls with error messages, waits, the Resource interface
     storage.py   S3 bucket, ECR repository
+    secret.py    the Secrets Manager secret holding the store's signing key (for Batch nodes and teammates)
     iam.py       instance role + profile, job role, Batch's service-linked role
     network.py   security group, placement group, launch template
     compute.py   compute environment, job queue

@@ -9,7 +9,8 @@ destroy refuses before changing anything, naming them, unless `terminate_jobs` (
 only what is stoker's (`Resource.owned`: tagged `stoker:infra=<name>`, or recorded as created by stoker
 and carrying no other infra's tag), newest first: job queue (disable, wait, delete), compute environment (disable,
 wait until settled, delete, wait until gone), launch template, placement group, instance profile, roles, security
-group, ECR repository (`force` deletes its images), and the bucket only with `delete_bucket`.
+group, ECR repository (`force` deletes its images), and the bucket and the secret holding the store's signing
+key only with `delete_bucket` (the secret recoverable for 7 days unless `force`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .base import Clients, Context
 from .compute import JobQueue
 from .config import LOG_GROUP, InfraConfig, from_dict
 from .plan import ORDER, Plan, make_plan, open_context
+from .secret import link_store_key
 from .state import State, default_name
 
 
@@ -45,7 +47,7 @@ def outputs(ctx: Context) -> dict[str, Any]:
             "store_url": cfg.store_url, "log_group": LOG_GROUP, "instance_types": list(cfg.instance_types),
             "compute_environment": n["compute_environment"],
             "placement_group": n["placement_group"] if cfg.placement_group else None,
-            "launch_template": n["launch_template"]}
+            "launch_template": n["launch_template"], "store_key_secret_arn": f.store_key_secret_arn}
 
 
 def apply(cfg: InfraConfig, clients: Clients | None = None, report: Callable[[str], None] | None = None,
@@ -90,6 +92,7 @@ def apply(cfg: InfraConfig, clients: Clients | None = None, report: Callable[[st
     result.outputs = outputs(ctx)
     state.data["outputs"] = result.outputs
     state.save()
+    link_store_key(ctx)
     if not the_plan.changed:
         ctx.report("no changes: the infrastructure matches the config")
     return result
@@ -166,10 +169,11 @@ def destroy(cfg: InfraConfig | None = None, *, name: str | None = None, clients:
                     ctx.report(f"  left {r.label}: not created by stoker")
                 state.forget(r.key)
                 continue
-            if r.key == "bucket" and not delete_bucket:
+            if r.key in ("bucket", "store_key_secret") and not delete_bucket:
                 result.kept.append(r.label)
-                ctx.report(f"  kept {r.label}: it holds the store; `stoker infra destroy --delete-bucket` deletes "
-                           "it and every object in it")
+                what = "the store" if r.key == "bucket" else "the key the store's runs are signed with"
+                ctx.report(f"  kept {r.label}: it holds {what}; `stoker infra destroy --delete-bucket` deletes "
+                           "the bucket, every object in it and the key")
                 continue
             ctx.report(f"- deleting {r.label}")
             r.delete(actual, force=force)

@@ -132,12 +132,12 @@ class JobRole(Role):
     key = "job_role"
     kind = "IAM role"
     service = "ecs-tasks.amazonaws.com"
-    description = "stoker: Batch jobs (the store's prefix and the Batch log group only)"
+    description = "stoker: Batch jobs (the store's prefix, its key secret and the Batch log group only)"
 
     def policies(self) -> tuple[list[str], dict[str, dict[str, Any]]]:
         f, cfg = self.ctx.facts, self.ctx.cfg
         doc = job_role_policy(cfg.bucket, cfg.prefix, LOG_GROUP, partition=f.partition, region=f.region,
-                              account=f.account)
+                              account=f.account, key_secret_arn=f.store_key_secret_arn)
         return list(cfg.job_role_policy_arns), {"stoker-store": doc}
 
     def publish(self, actual: Actual | None, changing: bool = False) -> None:

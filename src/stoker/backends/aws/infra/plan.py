@@ -14,13 +14,14 @@ from .compute import ComputeEnvironment, JobQueue
 from .config import InfraConfig
 from .iam import InstanceProfile, InstanceRole, JobRole, ServiceLinkedRole
 from .network import LaunchTemplate, PlacementGroup, SecurityGroup, check_default_security_group
+from .secret import StoreKeySecret
 from .spec import Facts
 from .state import State
 from .storage import Bucket, Repository
 
 # creation order (each needs only what comes before it); destroy goes backwards
-ORDER: list[type[Resource]] = [ServiceLinkedRole, Bucket, Repository, SecurityGroup, InstanceRole, JobRole,
-                               InstanceProfile, PlacementGroup, LaunchTemplate, ComputeEnvironment, JobQueue]
+ORDER: list[type[Resource]] = [ServiceLinkedRole, Bucket, StoreKeySecret, Repository, SecurityGroup, InstanceRole,
+                               JobRole, InstanceProfile, PlacementGroup, LaunchTemplate, ComputeEnvironment, JobQueue]
 SYMBOLS = {"create": "+", "update": "~", "ok": "=", "use": "·", "conflict": "!"}
 
 

@@ -5,7 +5,8 @@
   repository ("Resource": "*"), so a pull-only grant scoped to stoker's repository would add nothing and restrict
   nothing: stoker adds none, and `apply` removes the `stoker-ecr-pull` inline policy earlier versions added;
 - job role (the containers): read, write and delete objects under the store's prefix only, list the bucket only
-  under that prefix, and write log events to Batch's log group. Nothing else.
+  under that prefix, write log events to Batch's log group, and read the one secret that holds the store's
+  signing key (secretsmanager:GetSecretValue on its ARN). Nothing else.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def trust_policy(service: str) -> dict[str, Any]:
 
 
 def job_role_policy(bucket: str, prefix: str, log_group: str, *, partition: str = "aws", region: str = "*",
-                    account: str = "*") -> dict[str, Any]:
-    """The job role's inline policy: the store's prefix and the Batch log group, nothing more."""
+                    account: str = "*", key_secret_arn: str | None = None) -> dict[str, Any]:
+    """The job role's inline policy: the store's prefix, the Batch log group and (`key_secret_arn`) reading the
+    secret that holds the store's signing key, nothing more."""
     prefix = prefix.strip("/")
     logs = f"arn:{partition}:logs:{region}:{account}:log-group:{log_group}"
     return {"Version": VERSION, "Statement": [
@@ -38,7 +40,8 @@ def job_role_policy(bucket: str, prefix: str, log_group: str, *, partition: str 
          "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}},
         {"Sid": "BatchLogs", "Effect": "Allow", "Action": LOG_ACTIONS,
          "Resource": [logs, f"{logs}:*"]},
-    ]}
+    ] + ([{"Sid": "StoreKey", "Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+           "Resource": key_secret_arn}] if key_secret_arn else [])}
 
 
 def instance_role_policies(*, partition: str = "aws") -> dict[str, Any]:

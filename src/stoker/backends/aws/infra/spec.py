@@ -6,6 +6,7 @@ check them against botocore's service model and golden files.
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ class Facts:
     launch_template_version: str = PENDING
     compute_environment_arn: str = PENDING
     ecr_uri: str = PENDING
+    store_key_secret_arn: str = PENDING
 
 
 def tags(cfg: InfraConfig) -> dict[str, str]:
@@ -60,7 +62,14 @@ def names(cfg: InfraConfig) -> dict[str, str]:
         "job_queue": cfg.resource_name("queue"),
         "ecr_repository": cfg.ecr_repository,
         "bucket": cfg.bucket,
+        "store_key_secret": store_key_secret_name(cfg),
     }
+
+
+def store_key_secret_name(cfg: InfraConfig) -> str:
+    """The Secrets Manager secret holding the signing key of the store `s3://bucket/prefix`: one per store, so
+    every infra (and teammate) using the store finds the same one."""
+    return re.sub(r"[^A-Za-z0-9/_+=.@-]", "-", f"stoker/{cfg.bucket}/{cfg.prefix}/store-key")
 
 
 ECS_AGENT_CONFIG = {

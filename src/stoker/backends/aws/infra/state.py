@@ -21,7 +21,7 @@ from ....store.paths import home_dir
 
 OUTPUT_KEYS = ("region", "queue", "job_role_arn", "execution_role_arn", "image", "ecr_repository_uri", "bucket",
                "store_url", "log_group", "instance_types", "compute_environment", "placement_group",
-               "launch_template")
+               "launch_template", "store_key_secret_arn")
 
 
 def default_name() -> str:
@@ -91,7 +91,8 @@ class State:
 def load_outputs(name: str | None = None) -> dict[str, Any] | None:
     """The outputs of the last complete `stoker infra apply` of `name` (default `$STOKER_INFRA` or "stoker"):
     region, queue, job_role_arn, execution_role_arn, image, ecr_repository_uri, bucket, store_url, log_group,
-    instance_types, compute_environment, placement_group, launch_template. None when there is none."""
+    instance_types, compute_environment, placement_group, launch_template, store_key_secret_arn (the secret holding
+    the store's signing key). None when there is none."""
     path = state_path(name or default_name())
     if not path.is_file():
         return None
