@@ -26,6 +26,9 @@ class SecretFlow(FlowSpec):
     @step
     def join(self, inputs):
         assert self.token == os.environ["EXPECTED_TOKEN"]
+        print(f"debugging: the token is {self.token}", flush=True)  # a careless print: the kept log shows ***
+        print("split across writes: " + self.token[:3], end="", flush=True)
+        print(self.token[3:], flush=True)
         self.outs = sorted(i.out for i in inputs)
         self.next(self.leak)
 

@@ -69,3 +69,37 @@ def test_tasks_that_ignore_sigterm_die_when_the_scheduler_is_killed(tmp_path):
     gone, alive = psutil.wait_procs([task], timeout=2 + 8)
     assert not alive, "the task ignored SIGTERM and outlived the killed scheduler"
     assert time.time() - t0 >= 1.5, "SIGTERM alone cannot have stopped it: the grace was given first"
+
+
+def test_a_second_ctrl_c_kills_tasks_that_are_still_in_their_grace(tmp_path):
+    """The first Ctrl-C gives tasks the grace to save a checkpoint ($STOKER_KILL_GRACE, here 60 s); one that ignores
+    SIGTERM would hold the run that long. A second Ctrl-C kills it at once."""
+    env = {**os.environ, "STOKER_KILL_GRACE": "60"}
+    run = subprocess.Popen([sys.executable, str(FLOWS / "preempt_flow.py"), "run", "--mode", "stubborn",
+                            "--scratch", str(tmp_path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    pid_file = tmp_path / "pid"
+    deadline = time.time() + 60
+    while not pid_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    task = psutil.Process(int(pid_file.read_text()))
+    run.send_signal(signal.SIGINT)
+    time.sleep(1.5)
+    assert task.is_running(), "the stubborn task is still in its grace"
+    t0 = time.time()
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=20)
+    assert time.time() - t0 < 15 and run.returncode == 130
+    assert not task.is_running() or task.status() == psutil.STATUS_ZOMBIE
+    assert "Ctrl-C again to kill them now" in out and "killing all tasks now" in out
+
+
+def test_a_manifest_signed_with_another_key_is_named_not_hidden_behind_an_exit_code(tmp_path):
+    """A node with the wrong key writes a manifest the scheduler cannot verify: the failure says so and names the
+    key to fix, instead of overwriting it with "task process exited with code 0"."""
+    p = subprocess.run([sys.executable, str(FLOWS / "other_key_flow.py"), "run"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "UntrustedManifest: its manifest cannot be trusted" in p.stderr + p.stdout
+    assert "signed with another key" in p.stderr + p.stdout and "exited with code" not in p.stderr + p.stdout

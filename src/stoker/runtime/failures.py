@@ -65,3 +65,4 @@ def retry_preempted(unit: list[Any], first: Any) -> str | None:
     step = resume_step(first.manifest)
     where = f"resuming from step {step}" if step is not None else "resuming from its last checkpoint"
     return f"preempted; {where} (preemption {done + 1} of at most {max_preemptions()})"
+

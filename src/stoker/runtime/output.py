@@ -10,6 +10,9 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import IO, Any
 
+from ..redact import known_secrets
+
+REDACTED = b"***"
 STYLES = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
 
 
@@ -24,6 +27,8 @@ class TaskOutput:
         self.files: dict[str, IO[bytes]] = {} if lazy else self._open()
         self.partial = {"stdout": b"", "stderr": b""}
         self.tail: deque[str] = deque(maxlen=30)
+        # a run with secret parameters: what a task prints is kept and shown line by line, each value as ***
+        self.secrets = [v.encode() for v in known_secrets()]
 
     def _open(self) -> dict[str, IO[bytes]]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -32,9 +37,14 @@ class TaskOutput:
     def feed(self, stream: str, data: bytes) -> list[str]:
         if not self.files:
             self.files = self._open()
-        self.files[stream].write(data)
         buf = self.partial[stream] + data
         *lines, self.partial[stream] = buf.split(b"\n")
+        if self.secrets:  # whole lines only, so a value split between two reads is still found
+            lines = [self._redact(ln) for ln in lines]
+            if lines:
+                self.files[stream].write(b"\n".join(lines) + b"\n")
+        else:
+            self.files[stream].write(data)
         out = [ln.decode("utf-8", "replace") for ln in lines]
         self.tail.extend(f"{stream}: {ln}" if stream == "stderr" else ln for ln in out)
         return out
@@ -42,6 +52,9 @@ class TaskOutput:
     def close(self) -> list[tuple[str, str]]:
         rest = []
         for s, p in self.partial.items():
+            if p and self.secrets:
+                p = self._redact(p)
+                self.files[s].write(p)
             if p:
                 line = p.decode("utf-8", "replace")
                 rest.append((s, line))
@@ -51,9 +64,29 @@ class TaskOutput:
                 self.files[s].close()
         return rest
 
+    def _redact(self, line: bytes) -> bytes:
+        for v in self.secrets:
+            line = line.replace(v, REDACTED)
+        return line
+
     def read(self, stream: str) -> bytes:
         """What the stream's log holds (nothing if a lazy one never got any output)."""
         return self.paths[stream].read_bytes() if self.files else b""
+
+
+def store_logs(store: Any, t: Any, name_of: Any) -> None:
+    """Store an ended task's stdout and stderr (`name_of(stream)` names each): a local task's from what it printed
+    (an empty log is not stored: readers find none and show nothing); a remote one uploads its own, so only when
+    it did not (killed hard), from the engine's copy or what was streamed here."""
+    for stream in ("stdout", "stderr"):
+        name = name_of(stream)
+        if not t.backend.remote:
+            data = t.output.read(stream)
+            if data:
+                store.write(name, data, durable=False)
+        elif not store.exists(name):
+            data = t.backend.logs(t.job, t.member, stream) or t.output.read(stream)
+            store.write(name, data, durable=False)
 
 
 def private_log_root() -> Path:

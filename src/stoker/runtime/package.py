@@ -17,7 +17,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StokerError
 from ..store.blob import BlobStore
 
 SKIP_DIRS = {".git", ".hg", ".stoker", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
@@ -116,7 +116,10 @@ def unpack_package(store: BlobStore, key: str, root: Path | None = None) -> Path
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
     try:
         with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key)), mode="r:gz") as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # Python < 3.11.4 / 3.10.12 (e.g. Debian 12's 3.11.2): the same checks, for what packages hold
+                tar.extractall(tmp, members=_plain_members(tar, key))
         os.replace(tmp, dest)
     except OSError:
         if not dest.is_dir():  # not another member that won the rename
@@ -124,3 +127,16 @@ def unpack_package(store: BlobStore, key: str, root: Path | None = None) -> Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _plain_members(tar: tarfile.TarFile, key: str) -> list[tarfile.TarInfo]:
+    """A code package's members, refusing what the "data" extraction filter refuses and packages never hold:
+    links, devices, absolute paths and names that climb out with ``..``."""
+    members = tar.getmembers()
+    for m in members:
+        parts = Path(m.name).parts
+        if not (m.isfile() or m.isdir()) or m.name.startswith(("/", "\\")) or ".." in parts:
+            raise StokerError(f"code package {key[:12]} holds {m.name!r}, which no stoker package holds (a link, a "
+                              "device, or a path outside the package): it was not made by stoker; not unpacked")
+        m.mode &= 0o755
+    return members

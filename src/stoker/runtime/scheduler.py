@@ -20,13 +20,13 @@ from ..errors import StokerError
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import clone_manifest, log_name, read_manifest, write_manifest
+from ..store.manifest import clone_manifest, log_name, manifest_name, manifest_outcome, write_manifest
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
 from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, retry_preempted
 from .gangview import node_states
 from .jobs import build_unit, job_record_name, kill_request_name
-from .output import Display, TaskOutput, private_log_root
+from .output import Display, TaskOutput, private_log_root, store_logs
 from .package import stage_package
 from .queue import Task, TaskIndex, frames_key
 from .resources import ResourcePool, step_resources
@@ -85,7 +85,8 @@ class Scheduler:
         self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
         self.failed = False
         self.interrupted = False
-        self._stopping = False
+        self._stopping: bool | str = False
+        self.hard_stop = False
         self._next_id = 0
         self._index_ops: list[tuple[str, Any]] = []  # index writes of this pass: one transaction (_flush_index)
 
@@ -335,13 +336,21 @@ class Scheduler:
         return max(0.01, due - now) if due is not None else 0.05
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.hard_stop = self.interrupted  # a second Ctrl-C: kill now, no grace
         self.interrupted = True  # acted on by the loop, never in the middle of a submission
 
     def _check_interrupt(self) -> None:
         if self.interrupted and not self._stopping:
             self._stopping = True
-            self.display.info("interrupted: stopping all tasks", style="bold red")
+            self.display.info(f"interrupted: stopping all tasks (up to {KILL_GRACE_S:.0f} s each to save a checkpoint; "
+                              "Ctrl-C again to kill them now)", style="bold red")
             self._stop_all("the run was interrupted")
+        if self.hard_stop and self._stopping != "hard":
+            self._stopping = "hard"
+            self.display.info("killing all tasks now", style="bold red")
+            for t in list(self.index.in_state["running"].values()):
+                t.stopping = False  # stop again, hard
+                self._stop(t, "the run was interrupted", hard=True)
 
     def _live_backends(self) -> list[Backend]:
         names = {name for name, _ in self.live}
@@ -449,10 +458,8 @@ class Scheduler:
         """When a remote task wrote its own manifest (None: it did not; it was killed)."""
         if not t.backend.remote:
             return None
-        try:
-            return read_manifest(self.store, self.flow, self.run_id, t.step, t.task_id, t.attempt)["finished_at"]
-        except Exception:  # noqa: BLE001 - none written
-            return None
+        m, _ = manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))
+        return m.get("finished_at") if m else None
 
     def _stop(self, t: Task, reason: str, hard: bool = False) -> None:
         if t.state != "running" or t.stopping:
@@ -482,19 +489,8 @@ class Scheduler:
         t.engine_reason = reason
         for stream, line in t.output.close():
             self.display.line(t.step, self._prefix(t), line, stream)
-        for stream in ("stdout", "stderr"):
-            name = log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream)
-            if not t.backend.remote:
-                data = t.output.read(stream)
-                if data:  # an empty log is not stored: readers find none and show nothing (client, UI)
-                    self.store.write(name, data, durable=False)
-            elif not self.store.exists(name):  # the task uploads its own logs; one killed hard may not have
-                data = t.backend.logs(t.job, t.member, stream) or t.output.read(stream)
-                self.store.write(name, data, durable=False)
-        try:
-            m = read_manifest(self.store, self.flow, self.run_id, t.step, t.task_id, t.attempt)
-        except Exception:  # noqa: BLE001 - a killed task writes none; we write it
-            m = None
+        store_logs(self.store, t, lambda stream: log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream))
+        m, untrusted = manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))
         if t.backend.remote and m and m.get("status") == "ok":
             code = 0  # a remote node's exit code is often its job's (srun's): its own manifest is the truth
         if code == 0 and m and m.get("status") == "ok":
@@ -511,7 +507,7 @@ class Scheduler:
             exc = m["exception"]  # e.g. the task saw its workers die, and Slurm knows why: out of memory
             m = dict(m, exception=dict(exc, message=f"{exc.get('message', '')} ({t.backend.name}: {t.engine_reason})"))
             write_manifest(self.store, m)
-        m = m or self._failure_manifest(t, code)
+        m = m or self._failure_manifest(t, code, untrusted)
         if m.get("status") == "ok":
             m = dict(m, status="failed", exception={"type": "ExitCode", "message": f"exit code {code}",
                                                     "traceback": ""})
@@ -531,7 +527,7 @@ class Scheduler:
         t.manifest = {"status": t.manifest["status"]} if t.manifest else t.manifest
         t.output = t.job = None  # (only a running task's job is ever looked at)
 
-    def _failure_manifest(self, t: Task, code: int) -> dict:
+    def _failure_manifest(self, t: Task, code: int, untrusted: str | None = None) -> dict:
         if code < 0:
             sig = -code
             how = f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
@@ -539,9 +535,10 @@ class Scheduler:
             how = f"exited with code {code}"
         why = t.stop_reason or t.engine_reason
         why = f" because {why}" if why else ""
+        message = f"its manifest cannot be trusted: {untrusted}" if untrusted else f"task process {how}{why}"
         m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
-             "artifacts": {}, "exception": {"type": "TaskDied", "message": f"task process {how}{why}",
-                                            "traceback": ""}}
+             "artifacts": {}, "exception": {"type": "UntrustedManifest" if untrusted else "TaskDied",
+                                            "message": message, "traceback": ""}}
         write_manifest(self.store, m)
         return m
 

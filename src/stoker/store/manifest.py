@@ -183,3 +183,17 @@ def latest_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id
 def list_manifests(store: BlobStore, flow: str, run_id: str) -> list[str]:
     """Object names of every attempt manifest of a run (to rebuild the index from the store)."""
     return [n for n in store.list(run_prefix(flow, run_id)) if n.endswith("/manifest.json")]
+
+
+def manifest_outcome(store: BlobStore, name: str) -> tuple[dict | None, str | None]:
+    """(manifest, None) for an attempt's verified manifest; (None, None) when it wrote none (killed: the scheduler
+    writes one); (None, why) when one is there but cannot be trusted (unsigned, signed with another key, damaged):
+    the failure then says so instead of a bare exit code."""
+    try:
+        return read_manifest_object(store, name), None
+    except Exception as e:  # noqa: BLE001 - whatever it is, the attempt failed; say why when a manifest exists
+        try:
+            exists = store.exists(name)
+        except Exception:  # noqa: BLE001
+            exists = False
+        return None, (str(e) if exists else None)

@@ -58,13 +58,11 @@ def key_path(url: str) -> Path:
     return key_dir() / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def _is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
-
-
-def store_key(url: str, *, create: bool | None = None) -> bytes:
-    """The signing key of the store at ``url``. ``create``: make the key file when there is none (default:
-    only for a local store; a remote store's key is made by the machine that starts runs, see ``start_run``)."""
+def store_key(url: str, *, create: bool = False) -> bytes:
+    """The signing key of the store at ``url``. ``create``: make the key file when there is none -- only the
+    machine that starts runs does (``start_run``; a standalone ``stoker.train`` for its checkpoints). Anywhere else
+    a missing key is an error naming the fix: a node or teammate that made its own key would sign what no one
+    else can verify."""
     env = os.environ.get(KEY_ENV)
     if env:
         return env.encode()
@@ -83,7 +81,7 @@ def store_key(url: str, *, create: bool | None = None) -> bytes:
         pointer = secret_pointer(url)
         if pointer:
             return secret_key(pointer)
-        if not (_is_local(url) if create is None else create):
+        if not create:
             raise StoreError(f"no signing key for the store {url}: set {KEY_ENV}, or {SECRET_ENV} to the AWS "
                              f"Secrets Manager secret holding it (`stoker infra apply` creates one and points this "
                              f"machine at it), or copy the key file {path} from the machine that started runs in "

@@ -47,6 +47,8 @@ def sign_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """``manifest`` signed with the key of :func:`key_store_url` (CheckpointError naming the fix without one)."""
     url = key_store_url()
     try:
+        if not os.environ.get(ENV_STORE) and "://" not in url:  # a standalone run on a local store makes its key
+            signing.store_key(url, create=True)
         return signing.sign(url, SIGNED_AS, _finite(manifest))
     except StoreError as e:
         raise CheckpointError(f"cannot sign the checkpoint manifest with the key of the store {url}: "

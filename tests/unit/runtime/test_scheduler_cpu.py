@@ -120,7 +120,7 @@ def test_the_signing_key_path_is_worked_out_once(tmp_path, monkeypatch):
     monkeypatch.delenv(signing.SECRET_ENV, raising=False)
     monkeypatch.setenv(signing.KEY_DIR_ENV, str(tmp_path / "keys"))
     url = str(tmp_path / "store")
-    key = signing.store_key(url)
+    key = signing.store_key(url, create=True)
 
     def no_path(url):
         raise AssertionError("key_path() worked out again")

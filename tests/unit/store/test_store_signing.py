@@ -91,6 +91,12 @@ def test_a_replaced_pickle_blob_is_not_unpickled(maker, store, tmp_path):
 def test_the_key_lives_outside_the_store_and_is_private(store, tmp_path, monkeypatch):
     monkeypatch.delenv("STOKER_STORE_KEY")
     monkeypatch.setenv("STOKER_KEY_DIR", str(tmp_path / "keys"))
+    from stoker.store.signing import store_key
+
+    # only the machine that starts runs makes a key: a node or a teammate without one is told, never given its own
+    with pytest.raises(StoreError, match="no signing key for the store .*copy the key file"):
+        write_run_record(store, {"flow": "F", "run_id": "1", "user": "alice", "params": {}})
+    store_key(store.url, create=True)  # what start_run does
     write_run_record(store, {"flow": "F", "run_id": "1", "user": "alice", "params": {}})
     key = key_path(store.url)
     assert key.parent == tmp_path / "keys" and not str(key).startswith(str(store.root))

@@ -197,8 +197,12 @@ def test_a_checkpoint_signed_with_another_stores_key_is_refused(committed, tmp_p
     monkeypatch.setenv("STOKER_STORE", str(tmp_path / "a-store"))
     monkeypatch.setenv("STOKER_METRICS_STORE", f"file://{tmp_path}/run-store/")
     assert key_store_url() == str(tmp_path / "run-store")
+    from stoker.store.signing import store_key
+
+    store_key(key_store_url(), create=True)  # start_run made the run store's key on this machine
+    store_key(str(tmp_path / "a-store"), create=True)  # ... and this machine has its own default store's
     manifest = json.loads((step_dir / MANIFEST).read_text())
-    (step_dir / MANIFEST).write_text(json.dumps(sign_manifest(manifest)))  # the run store's key (a new file)
+    (step_dir / MANIFEST).write_text(json.dumps(sign_manifest(manifest)))  # the run store's key
     base, name = split(str(step_dir))
     assert verify(CkStore(base), name)["step"] == 2
     monkeypatch.delenv("STOKER_METRICS_STORE")  # a standalone reader: $STOKER_STORE's key

@@ -1,6 +1,7 @@
-"""The local backend: each member is a process on this machine, forked from the (single-threaded) scheduler
-by default, or spawned as `python flow.py _task SPEC.json` (STOKER_TASK_LAUNCH=subprocess, or where fork is
-unavailable).
+"""The local backend: each member is a process on this machine, forked by a small fork server that the
+scheduler forks at the first member (forkserver.py; the default), forked from the (single-threaded) scheduler
+itself (STOKER_TASK_LAUNCH=fork), or spawned as `python flow.py _task SPEC.json` (STOKER_TASK_LAUNCH=subprocess,
+or where fork is unavailable).
 
 Forking skips interpreter start-up and re-importing the flow (a few ms a task instead of ~0.3 s); each member is
 still its own process, in its own session so that a stop reaches torchrun and its workers too, and dies with
@@ -25,7 +26,8 @@ from ...runtime.executor import EXITED, RUNNING, Backend, Capabilities, JobRef, 
 from ...runtime.failures import kill_grace
 from ...runtime.node import member_spec
 from ...runtime.spec import TaskSpec
-from .process import Member, fork_member, spawn_member
+from . import forkserver
+from .process import Member, fork_child, fork_member, server_member, spawn_member
 
 
 def free_port() -> int:
@@ -48,8 +50,12 @@ class LocalBackend(Backend):
 
     def __init__(self, flow_file: str = "", mode: str | None = None) -> None:
         self.flow_file = flow_file
-        mode = mode or os.environ.get("STOKER_TASK_LAUNCH", "fork")
-        self.mode = "fork" if mode == "fork" and hasattr(os, "fork") else "subprocess"
+        mode = mode or os.environ.get("STOKER_TASK_LAUNCH", "forkserver")
+        if mode == "forkserver":
+            self.mode = "forkserver" if forkserver.available() else "fork" if hasattr(os, "fork") else "subprocess"
+        else:
+            self.mode = "fork" if mode == "fork" and hasattr(os, "fork") else "subprocess"
+        self.server: forkserver.ForkServer | None = None  # mode forkserver: started at the first member
         self.entry: Callable[[TaskSpec], int] | None = None  # runs a task in a forked child
         self.jobs: dict[str, _Job] = {}
         self.sel = selectors.DefaultSelector()
@@ -92,7 +98,9 @@ class LocalBackend(Backend):
         members = []
         for i in range(unit.size):
             env = {**unit.env, **self._member_env(unit, i, port)}
-            if self.mode == "fork" and self.entry is not None:
+            if self.mode == "forkserver" and self.entry is not None:
+                m = server_member(self._server(), doc, env)
+            elif self.mode == "fork" and self.entry is not None:
                 m = fork_member(env, lambda entry=self.entry: entry(member_spec(doc)))
             else:
                 m = spawn_member(self.flow_file, member_spec(doc, env), env)
@@ -144,7 +152,7 @@ class LocalBackend(Backend):
 
     def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
         job = self.jobs.get(ref.job_id)
-        if job is None or job.kill_at is not None:
+        if job is None or (job.kill_at is not None and grace > 0):  # already stopping; grace 0 (a second Ctrl-C) kills now
             return
         for m in job.members if member is None else job.members[member:member + 1]:
             if m.poll() is None:
@@ -164,19 +172,40 @@ class LocalBackend(Backend):
             return
         for key, _ in self.sel.select(timeout):
             job, i, stream = key.data
-            if stream == "exit":  # a member exited: stop watching; poll() collects it right away
+            if stream == "server":  # members' exit codes: poll() collects them
+                self.server.pump()  # type: ignore[union-attr]
+                if not self.server.alive:  # type: ignore[union-attr]
+                    self.sel.unregister(key.fd)  # its members are reported exited (code 1) from now on
+            elif stream == "exit":  # a member exited: stop watching; poll() collects it right away
                 self._close(key.fd)
                 job.members[i].exit_fd = None
             else:
                 self._read(job, i, stream, key.fd)
 
     def close(self) -> None:
+        if self.server is not None:
+            if self.server.fileno() in self.sel.get_map():
+                self.sel.unregister(self.server.fileno())
+            self.server.close()
+            self.server = None
         for fd in list(self.sel.get_map()):
             self._close(fd)
         self.sel.close()
         if self.reaper is not None:
             self.reaper.done()
             self.reaper = None
+
+    def _server(self) -> forkserver.ForkServer:
+        """The fork server, started at the first member (while the scheduler is still small)."""
+        if self.server is None:
+            entry = self.entry
+
+            def run_member(doc: dict, env: dict[str, str], environ: dict[str, str], w_fds: tuple[int, int]) -> int:
+                return fork_child(env, lambda: entry(member_spec(doc)), w_fds, environ=environ)  # type: ignore[misc]
+
+            self.server = forkserver.ForkServer(run_member)
+            self.sel.register(self.server.fileno(), selectors.EVENT_READ, (None, 0, "server"))
+        return self.server
 
     # -- output ------------------------------------------------------------------------------------------
     def _close(self, fd: int) -> None:

@@ -12,9 +12,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..._process import close_parent_only_fds, die_with_parent, signal_tree
 from ...runtime.spec import TaskSpec
+
+if TYPE_CHECKING:
+    from .forkserver import ForkServer
 
 TAIL = 64 << 10
 # After a fork every page of the scheduler is copy-on-write, so each page it then writes costs a page fault and a
@@ -34,11 +38,11 @@ class Member:
     """A member process with its (stdout, stderr) pipes and a pidfd that is readable once it exits."""
 
     def __init__(self, pid: int, fds: tuple[int, int], popen: subprocess.Popen | None = None,
-                 spec_file: str | None = None) -> None:
-        self.pid, self.fds, self.popen, self.spec_file = pid, fds, popen, spec_file
+                 spec_file: str | None = None, server: ForkServer | None = None) -> None:
+        self.pid, self.fds, self.popen, self.spec_file, self.server = pid, fds, popen, spec_file, server
         for fd in fds:
             os.set_blocking(fd, False)
-        self.exit_fd = _pidfd(pid)
+        self.exit_fd = None if server is not None else _pidfd(pid)  # the server's report wakes the scheduler
         self.started = time.time()
         self.code: int | None = None
         self.reaped = False
@@ -54,6 +58,8 @@ class Member:
             return self.code
         if self.popen is not None:
             self.code = self.popen.poll()
+        elif self.server is not None:
+            self.code = self.server.exit_code(self.pid)
         else:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
@@ -70,12 +76,39 @@ class Member:
 
 
 def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    pid = fork_child(env, entry, (w_out, w_err), close=(r_out, r_err))
+    os.close(w_out)
+    os.close(w_err)
+    return Member(pid, (r_out, r_err))
+
+
+def server_member(server: ForkServer, doc: dict, env: dict[str, str]) -> Member:
+    """A member forked by the fork server (STOKER_TASK_LAUNCH=forkserver): the pipes are made here, their write
+    ends go to the server with the request."""
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    try:
+        pid = server.start(doc, env, (w_out, w_err))
+    except BaseException:
+        os.close(r_out)
+        os.close(r_err)
+        raise
+    finally:
+        os.close(w_out)
+        os.close(w_err)
+    return Member(pid, (r_out, r_err), server=server)
+
+
+def fork_child(env: dict[str, str], entry: Callable[[], int], w_fds: tuple[int, int], close: tuple[int, ...] = (),
+               environ: dict[str, str] | None = None) -> int:
+    """Fork a member that runs ``entry`` with stdout/stderr on ``w_fds`` (the caller closes them); its pid.
+    ``environ``: the whole environment to start from (a fork server's member gets the scheduler's)."""
     global _frozen
     if not _frozen:  # see _FREEZE
         gc.freeze()
         _frozen = True
-    r_out, w_out = os.pipe()
-    r_err, w_err = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
@@ -88,16 +121,20 @@ def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
             die_with_parent()
             if os.getppid() != parent:  # the scheduler died before prctl took effect
                 os._exit(1)
-            os.close(r_out)
-            os.close(r_err)
+            for fd in close:
+                os.close(fd)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
-            os.dup2(w_out, 1)
-            os.dup2(w_err, 2)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            os.dup2(w_fds[0], 1)
+            os.dup2(w_fds[1], 2)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
             sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+            if environ is not None:
+                os.environ.clear()
+                os.environ.update(environ)
             os.environ.update(env)
             code = entry()
         except SystemExit as e:
@@ -111,9 +148,7 @@ def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
                 sys.stderr.flush()
             finally:
                 os._exit(code)
-    os.close(w_out)
-    os.close(w_err)
-    return Member(pid, (r_out, r_err))
+    return pid
 
 
 def spawn_member(flow_file: str, spec: TaskSpec, env: dict[str, str]) -> Member:

@@ -1,0 +1,225 @@
+"""A fork server for the local backend (STOKER_TASK_LAUNCH=forkserver).
+
+Forking a member from the scheduler costs the kernel a copy of the scheduler's page tables and, afterwards, a
+copy-on-write fault on every page the scheduler writes while the member still shares it: both grow with the
+scheduler's memory, which grows with the run (~50 us per MB, most of a wide foreach's scheduler CPU). The fork
+server is forked once, at the first member, while the scheduler is still small, and forks every member after
+that: the member runs the same in-process entrypoint (the flow class, store and graph the server inherited).
+
+Protocol (two socketpairs): the scheduler sends a request -- an 8-byte length carrying the member's stdout and
+stderr pipe write ends (SCM_RIGHTS), then the pickled (spec document, member env, the scheduler's os.environ)
+-- and waits for ``s PID``. The server reaps its children and reports ``x PID EXIT_CODE``; at the end (the
+request socket closed) it reports ``r CPU_SECONDS`` (its own user + sys time) and exits. Replies are
+SOCK_SEQPACKET packets, one per message. The server ignores SIGINT/SIGTERM/SIGHUP (the scheduler stops members
+itself, in order) and is SIGKILLed when the scheduler dies (PR_SET_PDEATHSIG); its members then get their own
+SIGTERM, and the run's Reaper, which watches every member pid, SIGKILLs what is left after the grace.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..._process import _PARENT_ONLY_FDS, close_parent_only_fds, die_with_parent
+
+_LEN = struct.Struct("!Q")
+SERVER_CPU = [0.0]  # user + sys seconds of the fork servers this process closed (the benchmark adds it)
+
+
+class ForkServerDied(RuntimeError):
+    pass
+
+
+def available() -> bool:
+    return hasattr(os, "fork") and hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET")
+
+
+class ForkServer:
+    """The scheduler's end: start members, collect their exit codes."""
+
+    def __init__(self, run_member: Callable[[dict, dict[str, str], dict[str, str], tuple[int, int]], int]) -> None:
+        req_a, req_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        rep_a, rep_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the server
+            code = 1
+            try:
+                req_a.close()
+                rep_a.close()
+                close_parent_only_fds()
+                die_with_parent(signal.SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(1)
+                code = _serve(run_member, req_b, rep_b)
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        req_b.close()
+        rep_b.close()
+        rep_a.setblocking(False)
+        self.pid, self.req, self.rep = pid, req_a, rep_a
+        self.codes: dict[int, int] = {}
+        self.started: deque[int] = deque()
+        self.alive = True
+
+    def fileno(self) -> int:
+        return self.rep.fileno()
+
+    def start(self, doc: dict, env: dict[str, str], w_fds: tuple[int, int]) -> int:
+        """Have the server fork a member writing to ``w_fds``; its pid."""
+        body = pickle.dumps((doc, env, dict(os.environ)), pickle.HIGHEST_PROTOCOL)
+        try:
+            socket.send_fds(self.req, [_LEN.pack(len(body))], list(w_fds))
+            self.req.sendall(body)
+        except OSError as e:
+            self.alive = False
+            raise ForkServerDied(self._died(f"a request could not be sent ({e})")) from e
+        while True:
+            self.pump()
+            if self.started:
+                return self.started.popleft()
+            if not self.alive:
+                raise ForkServerDied(self._died("it closed its socket"))
+            select.select([self.rep], [], [], 1.0)
+
+    def pump(self) -> None:
+        """Read the server's reports that have arrived (never blocks)."""
+        while True:
+            try:
+                data = self.rep.recv(128)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.alive = False
+                return
+            kind, *rest = data.split()
+            if kind == b"s":
+                self.started.append(int(rest[0]))
+            elif kind == b"x":
+                self.codes[int(rest[0])] = int(rest[1])
+            elif kind == b"r":
+                SERVER_CPU[0] += float(rest[0])
+
+    def exit_code(self, pid: int) -> int | None:
+        code = self.codes.pop(pid, None)
+        if code is None and not self.alive:
+            return 1  # the server is gone: its members got SIGTERM and are not ours to wait for
+        return code
+
+    def close(self, timeout: float = 5.0) -> None:
+        try:
+            self.req.close()  # the server's end of file: it reports its CPU time and exits
+        except OSError:
+            pass
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if os.waitpid(self.pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.005)
+        else:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        self.pump()
+        self.rep.close()
+
+    def _died(self, how: str) -> str:
+        return (f"the local fork server (pid {self.pid}) stopped answering: {how}. Run again; if it keeps "
+                "happening, set STOKER_TASK_LAUNCH=fork to fork tasks from the scheduler instead")
+
+
+def _serve(run_member: Callable[..., int], req: socket.socket, rep: socket.socket) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *a: None)
+    rep.setblocking(False)
+    _PARENT_ONLY_FDS.update({req.fileno(), rep.fileno(), wake_r, wake_w})  # a member closes these
+    out: deque[bytes] = deque()  # reports the scheduler has not taken yet: the server never blocks on them
+    while True:
+        ready, writable, _ = select.select([req, wake_r], [rep] if out else [], [])
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        _reap(out)
+        if req in ready:
+            msg = _recv(req)
+            if msg is None:  # the scheduler closed its end
+                break
+            (doc, env, environ), fds = msg
+            try:
+                pid = run_member(doc, env, environ, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            out.append(b"s %d" % pid)
+        _send(rep, out)
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    out.append(b"r %.6f" % (r.ru_utime + r.ru_stime))
+    rep.setblocking(True)
+    _send(rep, out)
+    return 0
+
+
+def _reap(out: deque[bytes]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        out.append(b"x %d %d" % (pid, os.waitstatus_to_exitcode(status)))
+
+
+def _send(rep: socket.socket, out: deque[bytes]) -> None:
+    while out:
+        try:
+            rep.send(out[0])
+        except BlockingIOError:
+            return
+        except OSError:  # the scheduler is gone (PR_SET_PDEATHSIG ends this process)
+            out.clear()
+            return
+        out.popleft()
+
+
+def _recv(req: socket.socket) -> tuple[Any, tuple[int, int]] | None:
+    head, fds, _, _ = socket.recv_fds(req, _LEN.size, 2)
+    if not head:
+        return None
+    while len(head) < _LEN.size:
+        more = req.recv(_LEN.size - len(head))
+        if not more:
+            return None
+        head += more
+    (n,) = _LEN.unpack(head)
+    body = bytearray()
+    while len(body) < n:
+        chunk = req.recv(min(n - len(body), 1 << 20))
+        if not chunk:
+            return None
+        body += chunk
+    return pickle.loads(body), (fds[0], fds[1])

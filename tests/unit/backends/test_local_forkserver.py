@@ -1,0 +1,111 @@
+"""The local backend's fork server (STOKER_TASK_LAUNCH=forkserver): members are forked by one small server
+process, not by the scheduler, whose page tables and copy-on-write faults grew with the run (issue 13). Real
+processes, real signals; no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from stoker.backends.local import forkserver
+from stoker.backends.local.backend import LocalBackend
+from stoker.runtime.executor import EXITED, Request, Unit
+from stoker.runtime.spec import TaskSpec
+
+pytestmark = pytest.mark.skipif(not forkserver.available(), reason="needs fork and SCM_RIGHTS")
+
+
+def _entry(spec: TaskSpec) -> int:
+    kind = spec.task_id.split("-")[0]
+    if kind == "ok":
+        print(f"ppid {os.getppid()} env {os.environ.get('H10_LATE', '-')} member {os.environ['STOKER_MEMBER']}")
+        print("to stderr", file=sys.stderr)
+        return 0
+    if kind == "code":
+        return 3
+    time.sleep(60)  # "sleep": cancelled by the test
+    return 0
+
+
+def _submit(backend: LocalBackend, task_id: str, size: int = 1):
+    specs = [TaskSpec(flow="F", run_id="1", step="s", task_id=f"{task_id}-{i}") for i in range(size)]
+    unit = Unit(kind="gang" if size > 1 else "task", flow="F", run_id="1", step="s", specs=specs)
+    return backend.submit(Request("local", unit, ""))
+
+
+def _finish(backend: LocalBackend, refs, out: dict, timeout: float = 20.0) -> dict:
+    done: dict = {}
+    deadline = time.time() + timeout
+    sink = lambda ref, m, stream, data: out.__setitem__((ref.job_id, m, stream),  # noqa: E731
+                                                         out.get((ref.job_id, m, stream), b"") + data)
+    while len(done) < len(refs) and time.time() < deadline:
+        backend.wait(0.1, sink)
+        for ref in refs:
+            s = backend.poll([ref]).get(ref.job_id)
+            if s is not None and s.state == EXITED:
+                done[ref.job_id] = s
+    assert len(done) == len(refs), "members did not finish"
+    return done
+
+
+def test_members_are_the_servers_children_with_output_exit_codes_and_the_current_environment(monkeypatch):
+    backend = LocalBackend("", mode="forkserver")
+    backend.bind(_entry)
+    out: dict = {}
+    try:
+        assert backend.mode == "forkserver"
+        first = _submit(backend, "ok")
+        server = backend.server
+        assert server is not None and server.pid != os.getpid()
+        monkeypatch.setenv("H10_LATE", "set-after-the-server-started")
+        refs = [_submit(backend, "ok", size=2), _submit(backend, "code")]
+        done = _finish(backend, [first, *refs], out)
+        assert done[refs[1].job_id].exit_code == 3, "the exit code comes from the server's report"
+        assert done[first.job_id].exit_code == 0 and done[refs[0].job_id].exit_code == 0
+        line = out[(refs[0].job_id, 1, "stdout")].decode()
+        # the scheduler forked no member: their parent is the server, so its page tables were never copied
+        assert line == f"ppid {server.pid} env set-after-the-server-started member 1\n"
+        assert out[(first.job_id, 0, "stderr")] == b"to stderr\n"
+        assert backend.server is server, "one server for the whole run"
+    finally:
+        cpu_before = forkserver.SERVER_CPU[0]
+        backend.close()
+    assert forkserver.SERVER_CPU[0] > cpu_before, "the server reports its CPU time when closed"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(server.pid, os.WNOHANG)  # reaped by close()
+
+
+def test_cancel_reaches_a_servers_member_and_its_signal_is_the_exit_status():
+    backend = LocalBackend("", mode="forkserver")
+    backend.bind(_entry)
+    try:
+        ref = _submit(backend, "sleep")
+        time.sleep(0.3)
+        backend.cancel(ref, grace=0)
+        done = _finish(backend, [ref], {})
+        assert done[ref.job_id].exit_code == -signal.SIGKILL
+    finally:
+        backend.close()
+
+
+def test_a_dead_server_fails_its_members_and_the_next_submit_names_the_fix():
+    backend = LocalBackend("", mode="forkserver")
+    backend.bind(_entry)
+    try:
+        ref = _submit(backend, "sleep")
+        member_pid = backend.jobs[ref.job_id].members[0].pid
+        os.kill(backend.server.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        done = _finish(backend, [ref], {})  # no busy loop, no hang: the member is reported failed
+        assert done[ref.job_id].exit_code != 0
+        with pytest.raises(forkserver.ForkServerDied, match="STOKER_TASK_LAUNCH=fork"):
+            _submit(backend, "ok")
+    finally:
+        backend.close()
+        try:
+            os.kill(member_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
