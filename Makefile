@@ -10,6 +10,8 @@ setup:
 
 quickstart: setup
 	$(ENV_PATH) stoker quickstart
+	@[ "$(STOKER_PY)" != "$(CURDIR)/.venv/bin/python" ] || [ "$$VIRTUAL_ENV" = "$(CURDIR)/.venv" ] || \
+	  echo "stoker is installed in .venv: 'source .venv/bin/activate' puts stoker on your PATH"
 
 test: setup
 	$(ENV_PATH) "$(STOKER_PY)" -m pytest -q

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import signal
 import socket
@@ -25,7 +24,7 @@ from ..store.blob import BlobStore, open_store
 from ..store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, default_store_url, home_dir
-from ..store.signing import store_key
+from ..store.signing import finite_json, store_key
 from .executor import Backend, JobRef, Unit
 from .failures import FIX_AND_RERUN
 from .jobs import build_unit
@@ -172,7 +171,7 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     run_inputs = save_run_inputs(store, declared, values)
     shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
              for k, v in values.items() if not isinstance(declared[k], Config)}
-    configs = {k: _finite(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
+    configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
     db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
                   origin_run_id=origin_run_id)
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
@@ -289,18 +288,6 @@ def _jsonable(v: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
-
-
-def _finite(v: Any) -> Any:
-    """``v`` with NaN and infinite floats as strings ('nan', 'inf'), for the signed run record and the index
-    (a TOML config may hold ``nan``); the run itself gets the real values from the run inputs."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
 
 
 def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tuple[dict[tuple, dict], dict]:

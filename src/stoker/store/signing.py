@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
 import tempfile
@@ -186,6 +187,18 @@ def _create_key(path: Path) -> None:
             pass
     finally:
         os.unlink(tmp)
+
+
+def finite_json(v: Any) -> Any:
+    """``v`` with NaN and infinite floats as strings ('nan', 'inf'): signed documents are strict JSON, and a
+    config or a checkpoint's settings may hold them (the run itself keeps the real values)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    if isinstance(v, dict):
+        return {k: finite_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_json(x) for x in v]
+    return v
 
 
 def canonical(doc: dict[str, Any]) -> bytes:

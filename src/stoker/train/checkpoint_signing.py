@@ -6,7 +6,6 @@ before it trusts a checksum. The key is that of the store the run uses (:func:`k
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -32,24 +31,13 @@ def key_store_url() -> str:
     return url if "://" in url else str(Path(url).expanduser().resolve())
 
 
-def _finite(v: Any) -> Any:
-    """``v`` with NaN and infinite floats as strings (signed JSON has none; a config may hold them)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
-
-
 def sign_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """``manifest`` signed with the key of :func:`key_store_url` (CheckpointError naming the fix without one)."""
     url = key_store_url()
     try:
         if not os.environ.get(ENV_STORE) and "://" not in url:  # a standalone run on a local store makes its key
             signing.store_key(url, create=True)
-        return signing.sign(url, SIGNED_AS, _finite(manifest))
+        return signing.sign(url, SIGNED_AS, signing.finite_json(manifest))
     except StoreError as e:
         raise CheckpointError(f"cannot sign the checkpoint manifest with the key of the store {url}: "
                               f"{e}") from None

@@ -39,7 +39,6 @@ FILES = {"shard": f"{STEP5}/__0_0.distcp", "metadata": f"{STEP5}/.metadata", "ma
          "pointer": "latest"}
 DAMAGES = [(t, k) for t in ("shard", "metadata", "manifest", "pointer") for k in ("truncated", "bitflip", "missing")]
 DAMAGES += [("shard", "extra"), ("pointer", "extra"), ("manifest", "unsigned"), ("manifest", "other-key")]
-IDS = [f"{t}-{k}" for t, k in DAMAGES]
 
 
 def _cfg(out: Path, tokens: Path, steps: int) -> dict:
@@ -114,15 +113,16 @@ def _one_line(e: BaseException) -> str:
 READERS = ["auto", "resume_step", "resume_dir", "export_step", "export_dir", "evaluate_step", "evaluate_dir"]
 
 
-@pytest.mark.parametrize("reader", READERS)
-@pytest.mark.parametrize("case", DAMAGES, ids=IDS, indirect=True)
+# every (damage, reader) cell, except a damaged `latest` for readers given a step folder: they never read it
+CELLS = [(d, r) for d in DAMAGES for r in READERS if not (r.endswith("_step") and d[0] == "pointer")]
+
+
+@pytest.mark.parametrize("case, reader", CELLS, ids=[f"{t}-{k}-{r}" for (t, k), r in CELLS], indirect=["case"])
 def test_every_reader_falls_back_or_refuses_in_one_line(case, reader, request, tmp_path, caplog):
     copy, tokens = case
     target, kind = request.node.callspec.params["case"]
     want = expected(target, kind)
     step_reader = reader.endswith("_step")
-    if step_reader and target == "pointer":
-        pytest.skip("a step folder is read without the pointer")
     source = str(copy / STEP5) if step_reader else str(copy)
     if step_reader and want is None:
         with pytest.raises(CheckpointError) as err:
