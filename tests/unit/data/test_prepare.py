@@ -135,7 +135,8 @@ def test_fsspec_output_commit_and_download(tmp_path, jsonl_file):
 
 
 def test_long_documents_are_split_for_parallelism(tmp_path, docs):
-    """Tokenizers that cannot spread one text over all cores get long documents cut at line breaks."""
+    """Tokenizers that cannot spread one text over all cores get long documents cut at whitespace; the ids
+    still decode to the whole text."""
     text = "\n".join(docs) * 3
     path = tmp_path / "long.txt"
     path.write_text(text)
