@@ -22,6 +22,10 @@ first) is at most 10% of the synchronous torch.save; the first save's cost is re
     python benchmarks/checkpoint.py                              # 1 GB, local and S3, median of 3
     python benchmarks/checkpoint.py --only local --repeat 5
     python benchmarks/checkpoint.py --size-mb 8 --quick --json   # smoke run, one JSON object on stdout
+    python benchmarks/checkpoint.py --size-mb 2048 --quick --only s3   # issue 15: 2 GB vs boto3's defaults
+
+On S3 (moto on loopback) benchmarks/checkpoint_transfer.py adds boto3's default upload_file / download_file
+and torch.save + upload rows, and the throughput ratios of stoker over them.
 
 To compare another way of saving, append a function to MEASURES (see measure_torch): it gets the target and
 the bench and returns rows; the tables and the JSON pick them up.
@@ -49,6 +53,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoint_transfer import READ_TIMEOUT_S, measure_transfer, print_transfer, transfer_summary  # noqa: E402
 
 GOAL = 0.10  # async blocked time / synchronous torch.save time
 REGION = "us-east-1"
@@ -233,18 +240,14 @@ def s3_target(folder: Path) -> Iterator[Target]:
     import boto3
 
     with moto_server() as endpoint:
-        # botocore (and so s3fs, which the checkpointer's fsspec path uses) reads AWS_ENDPOINT_URL; stoker's
-        # own S3 clients read STOKER_S3_ENDPOINT_URL.
+        # stoker's S3 clients (stoker.store.objects) read STOKER_S3_ENDPOINT_URL; plain boto3 AWS_ENDPOINT_URL
         env = {"AWS_ENDPOINT_URL": endpoint, "STOKER_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
-               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+               # moto joins a multipart upload's parts in one request: for a 1 GB shard on 2 busy cores that
+               # outlasts botocore's 60 s read timeout and the retried CompleteMultipartUpload fails (moto: 500)
+               "STOKER_S3_READ_TIMEOUT": str(READ_TIMEOUT_S)}
         saved = {k: os.environ.get(k) for k in [*env, "AWS_PROFILE", "AWS_SESSION_TOKEN"]}
         os.environ.update(env)
-        # moto joins a multipart upload's parts in one request: for a 1 GB shard on 2 busy cores that outlasts
-        # botocore's 60 s read timeout and the retried CompleteMultipartUpload fails (moto: KeyError, 500)
-        import fsspec.config
-
-        s3_conf = fsspec.config.conf.setdefault("s3", {})
-        s3_conf.setdefault("config_kwargs", {}).setdefault("read_timeout", 900)
         for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
             os.environ.pop(k, None)
         try:
@@ -348,7 +351,7 @@ def measure_stoker(target: Target, bench: Bench) -> list[Row]:
         resume.append(t4 - t1)
         if f"{target.url}/{name}" != url or (i == 0 and not same(bench.state, target_state)):
             raise RuntimeError(f"{url} did not load back as the newest checkpoint with the state it saved")
-    how = "DCP + fsync" if target.name == "local" else "DCP through s3fs"
+    how = "DCP + fsync" if target.name == "local" else "DCP streamed into parallel multipart uploads"
     return [Row(target.name, "sync save", sync, bench.nbytes, f"{how}, manifest (files read back), commit"),
             Row(target.name, "async first save()", first, None, "blocks the caller: allocates + stages"),
             Row(target.name, "async save()", staged, None, "blocks the caller: staging into reused buffers"),
@@ -360,7 +363,12 @@ def measure_stoker(target: Target, bench: Bench) -> list[Row]:
             Row(target.name, "resume", resume, bench.nbytes, "latest() + inspect() + load()")]
 
 
-MEASURES: list[Callable[[Target, Bench], list[Row]]] = [measure_torch, measure_stoker]
+def measure_s3_transfers(target: Target, bench: Bench) -> list[Row]:
+    """boto3's default upload_file / download_file and torch.save + upload against stoker (s3 target only)."""
+    return measure_transfer(target, bench, Row)
+
+
+MEASURES: list[Callable[[Target, Bench], list[Row]]] = [measure_torch, measure_stoker, measure_s3_transfers]
 
 
 # -- the report ------------------------------------------------------------------------------------------
@@ -442,12 +450,14 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {name}: {measure.__name__} done", flush=True)
             shutil.rmtree(folder, ignore_errors=True)
     result = summary(rows, bench)
+    result["transfer"] = transfer_summary(rows)
     result["machine"] = {"cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
                          **machine_probe(bench)}
     if a.json:
         print(json.dumps(result, indent=1))
     else:
         print_tables(rows, result)
+        print_transfer(result["transfer"])
     return 0
 
 

@@ -26,6 +26,11 @@ class ForeachFlow(FlowSpec):
     def gather(self, inputs):
         self.squares = [i.value for i in inputs]
         self.merge_artifacts(inputs, exclude=["value"])
+        self.next(self.branch)
+
+    @step
+    def branch(self):
+        """A join does not split again (as in Metaflow): the static branches start here."""
         self.next(self.total, self.largest)
 
     @step

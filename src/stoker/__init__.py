@@ -12,6 +12,7 @@ from . import monitor as _monitor_package  # noqa: F401  (loaded first, so that 
 from .backends.aws.decorator import batch  # noqa: E402  (registers @batch for --with batch:...)
 from .backends.slurm.decorator import slurm  # noqa: E402  (registers @slurm for --with slurm:...)
 from .flow import spec as _spec
+from .flow.configs import config_expr
 from .flow.current import current
 from .flow.decorators import (
     card,
@@ -27,6 +28,8 @@ from .flow.decorators import (
     torchrun,
 )
 from .flow.parameters import Config, IncludeFile, JSONType, Parameter
+from .flow.project import project
+from .flow.secrets import get_secret, secrets
 from .flow.spec import FlowSpec, MergeArtifactsError
 
 __version__ = "0.1.0"
@@ -41,17 +44,23 @@ def _run_cli(flow_cls: type) -> Any:
 _spec.CLI_HOOK = _run_cli
 
 _CLIENT = {"Flow", "Run", "Step", "Task", "DataArtifact", "Metaflow", "namespace", "get_namespace",
-           "default_namespace", "MetaflowNotFound", "MetaflowNamespaceMismatch"}
+           "default_namespace", "MetaflowNotFound", "MetaflowNamespaceMismatch", "get_metadata", "metadata",
+           "default_metadata"}
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("Runner", "NBRunner"):  # the Runner API (stoker.runner), loaded on first use
+        from . import runner
+
+        return getattr(runner, name)
     # The client is loaded on first use so that `import stoker` in a task stays light.
     if name in _CLIENT:
         from . import store
+        from .store import client_base  # metadata(): stoker.store.metadata is the index's module
 
-        return getattr(store, name)
+        return getattr(client_base if name.endswith("metadata") else store, name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
-           "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm", "batch", "MergeArtifactsError", *sorted(_CLIENT)]
+           "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm", "batch", "project", "secrets", "get_secret", "config_expr", "MergeArtifactsError", "Runner", "NBRunner", *sorted(_CLIENT)]

@@ -31,6 +31,10 @@ select 1
     def join_letters(self, inputs):
         self.seen = [(i.index, i.input, i.letter) for i in inputs]
         self.merge_artifacts(inputs, exclude=["letter"])
+        self.next(self.split_numbers)
+
+    @step
+    def split_numbers(self):  # a join does not split again (as in Metaflow)
         self.load()
         self.next(self.per_number, foreach="numbers")
 

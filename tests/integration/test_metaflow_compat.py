@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-FLOWS = Path(__file__).resolve().parents[1] / "flows" / "metaflow"
+from tests.compat.engines import FLOWS, to_stoker
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +36,12 @@ class FlowRun:
 def stoker_copy(name: str, dest: Path) -> Path:
     """Copy a Metaflow flow file, changing only its `from metaflow import` line."""
     src = (FLOWS / name).read_text()
-    lines = src.splitlines(keepends=True)
-    changed = ["from stoker import " + ln[len("from metaflow import "):] if ln.startswith("from metaflow import ")
-               else ln for ln in lines]
-    assert sum(a != b for a, b in zip(lines, changed, strict=True)) == 1, f"{name} must have exactly one metaflow import line"
+    changed = to_stoker(src)
+    assert sum(a != b for a, b in zip(src.splitlines(), changed.splitlines(), strict=True)) == 1, \
+        f"{name} must have exactly one metaflow import line"
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / name
-    path.write_text("".join(changed))
+    path.write_text(changed)
     return path
 
 

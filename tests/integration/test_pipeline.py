@@ -72,7 +72,7 @@ def test_pipeline_trains_evaluates_exports_and_summarizes(reference, home):
     assert 0 < ev["val_loss"] < 11 and ev["val_perplexity"] > 1 and len(ev["samples"]) == 2
     export = Path(run["export"].task.data.export_dir)
     assert (export / "config.json").is_file() and list(export.glob("*.safetensors"))
-    assert "tokens seen in 8 steps on 4 ranks (TP=2 x DP=2)" in reference["stdout"]
+    assert "8 steps, 8,192 tokens on 4 ranks (TP=2 x DP=2)" in reference["stdout"]
     assert "validation loss" in reference["stdout"] and str(export) in reference["stdout"]
     cfg = run.config["config"]
     assert cfg["train"]["steps"] == 8 and cfg["parallel"]["tp"] == 2, "the resolved config is stored with the run"
@@ -82,6 +82,21 @@ def test_pipeline_trains_evaluates_exports_and_summarizes(reference, home):
     assert max(r["step"] for r in run.metrics) == 8, "the training metrics are in the store"
     # rank 0 is on node 0; every rank's output is in its node's log, prefixed with its local rank
     assert "[default0]" in run["train"].task.stdout or any("[default0]" in t.stdout for t in run["train"])
+
+
+def test_console_is_human_results_are_artifacts(reference, home):
+    """The console shows a summary, the progress bar and where to look next; no JSON blob of losses (those are
+    artifacts: `result["losses"]`, and stoker.train's result.json)."""
+    out = reference["stdout"]
+    assert '"losses"' not in out and not any(line.split("] ", 1)[-1].split(":", 1)[-1].lstrip().startswith("{")
+                                             for line in out.splitlines()), out[-3000:]
+    assert "stoker.train: 8 steps, final loss " in out and "tokens/s" in out
+    assert "train ━" in out  # the progress bar
+    run_id = reference["run"]
+    for text in (f"LlamaPretrain {run_id}: 8 steps", "final train loss", "checkpoint: ", f"stoker show "
+                 f"LlamaPretrain/{run_id}", "stoker ui", f'Run("LlamaPretrain/{run_id}")'):
+        assert text in out, text
+    assert len(reference["result"]["losses"]) == 8  # the numbers stay available to scripts
 
 
 def test_exported_model_loads_in_transformers_with_the_same_logits(reference, home):

@@ -178,6 +178,12 @@ def test_stoker_cli_lists_runs_and_prints_logs(tmp_path):
     p = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"HelloFlow/{run.id}/hello"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0 and "hello, world" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"HelloFlow/{run.id}/hello", "--stdout"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0 and "hello, world" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "stoker.cli.main", "logs", f"HelloFlow/{run.id}/hello", "--stderr"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0 and "hello, world" not in p.stdout
     p = subprocess.run([sys.executable, "-m", "stoker.cli.main", "show", f"HelloFlow/{run.id}"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0 and "message" in p.stdout and "hello" in p.stdout

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..flow.decorators import get_flow_decorator
 from ..flow.graph import FlowGraph, lint
-from ..flow.parameters import _MISSING, Config, IncludeFile, parse_override_value
+from ..flow.parameters import _MISSING, Config, IncludeFile, parameters_from_env, parse_override_value
 from .errors import run_cli
 from .guardian import start_guardian
+from .top_options import split_top_options
 
 COMPAT_FLAGS = ("--no-pylint", "--pylint")  # accepted for Metaflow scripts; stoker's check always runs
 COMPAT_OPTIONS = ("--datastore", "--metadata", "--environment", "--datastore-root", "--event-logger", "--monitor")
@@ -26,6 +28,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-workers", type=int, default=16, help="most tasks running at once (default 16)")
     p.add_argument("--max-num-splits", type=int, default=10000, help="accepted for Metaflow compatibility")
     p.add_argument("--run-id-file", help="write the run id to this file")
+    p.add_argument("--runner-attribute-file", help="write the run's flow name, id and metadata location as JSON "
+                   "to this file (used by the Runner API, as in Metaflow)")
     p.add_argument("--quiet", action="store_true", help="print only the run's start and end")
     p.add_argument("--backend", default="local", help="where steps without a backend decorator run: local "
                    "(default), slurm, batch, or NAME=STEP,STEP for only those steps")
@@ -37,7 +41,12 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
     name = os.path.basename(sys.argv[0]) or "flow.py"
     ap = argparse.ArgumentParser(prog=f"python {name}", description=(flow_cls.__doc__ or "").strip() or None)
     ap.add_argument("--with", dest="global_with", action="append", default=[], help=argparse.SUPPRESS)
-    sub = ap.add_subparsers(dest="command", metavar="{run,resume,check,show,logs}")
+    if get_flow_decorator(flow_cls, "project") is not None:  # as Metaflow: top-level options of @project
+        ap.add_argument("--production", action="store_true", default=False,
+                        help="use the @project's production branch (a custom one: --branch)")
+        ap.add_argument("--branch", default=None, help="use the given branch name under @project (default: "
+                        "user.<username> unless --production)")
+    sub = ap.add_subparsers(dest="command", metavar="{run,resume,check,show,logs,dump,tag}")
     run = sub.add_parser("run", help="run the flow")
     _common(run)
     run.add_argument("--config", nargs="+", action="append", default=[], metavar="[NAME] PATH",
@@ -65,15 +74,16 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
     _common(res)
     sub.add_parser("check", help="check the flow's graph and print 'valid'")
     sub.add_parser("show", help="print the flow's steps and transitions")
-    lg = sub.add_parser("logs", help="print the logs of RUN/STEP[/TASK]")
-    lg.add_argument("pathspec")
-    lg.add_argument("--stderr", action="store_true")
+    from . import dump, logs, tag  # Metaflow's client commands: logs, dump, tag
+
+    for module in (logs, dump, tag):
+        module.add_parser(sub)
     tk = sub.add_parser("_task", help=argparse.SUPPRESS)
     tk.add_argument("spec")
     return ap
 
 
-COMMANDS = ("run", "resume", "check", "show", "logs", "_task")
+COMMANDS = ("run", "resume", "check", "show", "logs", "dump", "tag", "_task")
 
 
 def _move_top_config(argv: list[str]) -> list[str]:
@@ -89,12 +99,17 @@ def _move_top_config(argv: list[str]) -> list[str]:
     return rest
 
 
-def _split_compat(argv: list[str]) -> list[str]:
+def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[str]:
+    """Drop Metaflow's top-level flags and options left after the command, except `keep`: the flow's own
+    parameter options (a Parameter("environment") is `run --environment VALUE`, as in Metaflow)."""
     argv = _move_top_config(argv)
     out, skip = [], False
     for i, a in enumerate(argv):
         if skip:
             skip = False
+            continue
+        if a.split("=")[0] in keep:
+            out.append(a)
             continue
         if a in COMPAT_FLAGS:
             continue
@@ -106,13 +121,33 @@ def _split_compat(argv: list[str]) -> list[str]:
 
 
 def main(flow_cls: type, argv: list[str] | None = None) -> Any:
-    argv = _split_compat(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_task"]:
         from ..runtime.task import main_from_cli
 
         sys.exit(main_from_cli(flow_cls, argv[1]))
-    args = build_parser(flow_cls).parse_args(argv)
+    try:  # Metaflow's options before the command: accepted, or refused saying what stoker uses instead
+        argv, top = split_top_options(argv, COMMANDS)
+        top.apply()
+    except ConfigError as e:
+        return run_cli(lambda e=e: _raise(e))
+    args = build_parser(flow_cls).parse_args(_split_compat(argv, _param_options(flow_cls)))
+    if top.quiet and hasattr(args, "quiet"):
+        args.quiet = True
     return run_cli(lambda: dispatch(flow_cls, args))
+
+
+def _param_options(flow_cls: type) -> frozenset[str]:
+    """`--name` (and `--no-name`) of every Parameter of the flow."""
+    names = set()
+    for p in flow_cls._run_inputs().values():
+        if not isinstance(p, Config):
+            names |= {f"--{p.cli_name}", f"--{p.name}", f"--no-{p.cli_name}"}
+    return frozenset(names)
+
+
+def _raise(e: BaseException) -> Any:
+    raise e
 
 
 def _configs(raw: list[list[str]]) -> dict[str, str]:
@@ -159,8 +194,22 @@ def _overrides(raw: list[str]) -> dict[str, Any]:
     return out
 
 
+def _project_options(args: argparse.Namespace) -> dict[str, Any]:
+    """@project's `--branch` / `--production` (top-level options, present only for a flow with @project)."""
+    return {"branch": getattr(args, "branch", None), "production": getattr(args, "production", False)}
+
+
+def _given_params(flow_cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """`run`'s parameter values: the command line's, else STOKER_PARAM_<NAME> / METAFLOW_RUN_<NAME>."""
+    given = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
+    if args.command != "run":
+        return given
+    return {**parameters_from_env(flow_cls._run_inputs(), given), **given}
+
+
 def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     from ..backends import StepRouter
+    from ..runner.attributes import write_runner_attributes
     from ..runtime.launch import dry_run, latest_run_id, start_run
 
     if args.command in (None, "check", "show"):
@@ -171,26 +220,26 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         else:
             print(f"flow {graph.name} is valid: {len(graph.nodes)} steps")
         if args.command is None:
-            print("commands: run, resume, check, show, logs (python flow.py COMMAND --help)")
+            print("commands: run, resume, check, show, logs, dump, tag (python flow.py COMMAND --help)")
         return 0
-    if args.command == "logs":
-        from .logs import print_logs
+    if args.command in ("logs", "dump", "tag"):
+        from .logs import client_command
 
-        return print_logs(f"{flow_cls.__name__}/{args.pathspec}" if not args.pathspec.startswith(
-            flow_cls.__name__ + "/") else args.pathspec, stderr=args.stderr)
+        return client_command(flow_cls.__name__, args)
     configs = _run_configs(flow_cls, list(args.config)) if args.command == "run" else {}
     with_specs = list(args.global_with) + list(args.with_)
     router = StepRouter(flow_cls, default=args.backend, flow_file=sys.argv[0])
     if args.dry_run:
-        given = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
-        print(dry_run(flow_cls, router, with_specs, given), end="")
+        print(dry_run(flow_cls, router, with_specs, _given_params(flow_cls, args)), end="")
         return 0
     guard = start_guardian(flow_cls.__name__)
     if args.command == "run":
-        params = {k[len("param__"):]: v for k, v in vars(args).items() if k.startswith("param__") and v is not None}
+        params = _given_params(flow_cls, args)
         result = start_run(flow_cls, router, params=params, config_paths=configs, overrides=_overrides(args.set),
                            with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
-                           run_id_file=args.run_id_file, quiet=args.quiet, on_submit=guard)
+                           run_id_file=args.run_id_file, quiet=args.quiet, on_submit=guard,
+                           run_id=write_runner_attributes(args.runner_attribute_file, flow_cls.__name__),
+                           project_options=_project_options(args))
     else:
         from ..store.metadata import MetadataDB
         from ..store.paths import default_db_path
@@ -206,7 +255,8 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
             rerun = graph.reachable_from(args.step)
         result = start_run(flow_cls, router, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
                            origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet,
-                           on_submit=guard)
+                           on_submit=guard, project_options=_project_options(args),
+                           run_id=write_runner_attributes(args.runner_attribute_file, flow_cls.__name__))
     guard.done()
     return {"succeeded": 0, "killed": 130}.get(result.status, 1)
 

@@ -3,9 +3,77 @@ with its task (and node, and attempt with --all-attempts)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from datetime import datetime, timezone
+from typing import Any
 
 from ..errors import ConfigError
+
+
+def add_parser(sub: Any) -> None:
+    """Register `python flow.py logs RUN/STEP[/TASK]` with Metaflow's options (both streams by default)."""
+    p = sub.add_parser("logs", help="print the stdout and stderr of RUN/STEP[/TASK]")
+    p.add_argument("pathspec", help="RUN/STEP or RUN/STEP/TASK")
+    for name in ("stdout", "stderr"):
+        p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=False, help=f"show {name} only")
+    p.add_argument("--both", action=argparse.BooleanOptionalAction, default=True, help="show stdout and stderr")
+    p.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=False,
+                   help="prefix each line with its attempt's start time (stoker does not stamp lines)")
+    p.add_argument("--attempt", type=int, default=None, help="this attempt instead of the latest")
+    p.set_defaults(quiet=False)  # `python flow.py --quiet logs ...` sets it
+
+
+def client_command(flow: str, args: argparse.Namespace) -> int:
+    """Dispatch the flow CLI's `logs`, `dump` and `tag` commands for ``flow``."""
+    quiet = bool(getattr(args, "quiet", False))
+    if args.command == "dump":
+        from .dump import dump
+
+        return dump(flow, args.input_path, private=args.private, max_value_size=args.max_value_size,
+                    include=args.include, file=args.file, quiet=quiet)
+    if args.command == "tag":
+        from .tag import tag_command
+
+        return tag_command(flow, args, quiet)
+    streams = [s for s in ("stdout", "stderr") if getattr(args, s)] or \
+        (["stdout", "stderr"] if args.both else [])
+    return show_logs(flow, args.pathspec, streams, timestamps=args.timestamps, attempt=args.attempt, quiet=quiet)
+
+
+def show_logs(flow: str, input_path: str, streams: list[str], *, timestamps: bool = False,
+              attempt: int | None = None, quiet: bool = False) -> int:
+    """Metaflow's `logs`: for each task of RUN/STEP (or the one task), a header on stderr, then each stream's
+    name (on stderr) and its lines (on stdout)."""
+    from ..store import Run, Task
+
+    parts = input_path.strip("/").split("/")
+    if parts and parts[0] == flow and len(parts) > 2:
+        parts = parts[1:]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ConfigError(f"logs {input_path}: input_path should either be run_id/step_name or "
+                          "run_id/step_name/task_id")
+    if len(parts) == 3:
+        tasks = [Task(f"{flow}/{'/'.join(parts)}", attempt=attempt)]
+    else:
+        tasks = [t if attempt is None else Task(t.pathspec, attempt=attempt) for t in Run(f"{flow}/{parts[0]}")[parts[1]]]
+    if not tasks:
+        raise ConfigError(f"No Tasks found at {input_path} -- either none exist or none have started yet")
+    for t in tasks:
+        if not quiet:
+            print(f"Dumping logs of run_id={t.run_id} step={t.step_name} task_id={t.id}", file=sys.stderr)
+        for stream in streams:
+            if not quiet:
+                print(stream, file=sys.stderr)
+            sys.stderr.flush()
+            for when, line in t.loglines(stream):
+                stamp = ""
+                if timestamps and when is not None:
+                    local = when.replace(tzinfo=timezone.utc).astimezone().replace(tzinfo=None)
+                    stamp = datetime.strftime(local, "%Y-%m-%d %H:%M:%S.%f")[:-3] + " "
+                sys.stdout.write(f"{stamp}{line}\n")
+            sys.stdout.flush()
+    return 0
 
 
 def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None, all_attempts: bool = False) -> int:

@@ -3,70 +3,52 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
-
-from rich.console import Console
-from rich.table import Table
 
 from ..errors import ConfigError
 from .errors import run_cli
 
 
-def _when(t: dt.datetime | None) -> str:
-    return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
-
-
 def cmd_runs(args: argparse.Namespace) -> int:
     from ..store import Flow, Metaflow, namespace
+    from .listing import print_runs
 
     if args.all:
         namespace(None)
     flows = [Flow(args.flow)] if args.flow else list(Metaflow())
-    table = Table("flow", "run", "status", "user", "started", "took", "tags", box=None, header_style="bold")
-    table.columns[1].no_wrap, table.columns[1].min_width = True, 16  # the run id must stay copyable
+    runs = []
     for flow in flows:
         for i, run in enumerate(flow.runs()):
             if i >= args.limit:
                 break
-            took = (run.finished_at - run.created_at).total_seconds() if run.finished_at else None
-            table.add_row(flow.id, run.id, run.status, run.user or "-", _when(run.created_at),
-                          f"{took:.1f}s" if took is not None else "-", ", ".join(sorted(run.user_tags)))
-    Console(highlight=False).print(table)
+            runs.append(run)
+    print_runs(runs, args.json)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    import json
+
     from ..store import Run
+    from .listing import show_lines, show_record, width
 
     parts = args.pathspec.strip("/").split("/")
     if len(parts) != 2:
         raise ConfigError(f"show {args.pathspec}: give FLOW/RUN (see `stoker runs`)")
     run = Run(args.pathspec)
-    c = Console(highlight=False)
-    c.print(f"[bold]{run.pathspec}[/]  {run.status}  user {run.user}  started {_when(run.created_at)}"
-            + (f"  resumed from {run.origin_run_id}" if run.origin_run_id else ""))
-    if run.parameters:
-        c.print("parameters: " + ", ".join(f"{k}={v!r}" for k, v in run.parameters.items()))
-    for step in run:
-        tasks = list(step)
-        ok = sum(1 for t in tasks if t.successful)
-        c.print(f"  step [cyan]{step.id}[/]: {ok}/{len(tasks)} tasks succeeded")
-        for t in tasks if len(tasks) <= 8 else tasks[:3]:
-            arts = ", ".join(f"{a.id}" for a in t.artifacts if not a.id.startswith("_"))
-            exc = f"  [red]{t.exception.type}: {t.exception.message}[/]" if t.exception else ""
-            c.print(f"    task {t.id} (attempt {t.retry_count}){exc}  artifacts: {arts or '-'}", soft_wrap=True)
     from ..backends.aws.cost import run_cost
     from ..errors import StokerError
 
     try:  # node-hours and estimated cost, when something ran off this machine
-        cost = run_cost(run._store, run.flow_name, run.id)
+        summary = run_cost(run._store, run.flow_name, run.id)
+        cost = summary.lines() if summary.worth_showing else None
     except (StokerError, OSError) as e:
-        c.print(f"cost: not available ({e})", soft_wrap=True)
+        cost = [f"cost: not available ({e})"]
+    rec = show_record(run, cost)
+    if args.json:
+        print(json.dumps(rec, indent=1, default=str))
     else:
-        if cost.worth_showing:
-            for line in cost.lines():
-                c.print(line, soft_wrap=True, markup=False)
+        print("\n".join(show_lines(rec, run.created_at, width())))
     return 0
 
 
@@ -106,13 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("flow", nargs="?")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--all", action="store_true", help="runs of every user (namespace None)")
+    p.add_argument("--json", action="store_true", help="print a JSON list for scripts (keys: docs/operations.md)")
     p.set_defaults(fn=cmd_runs)
     p = sub.add_parser("show", help="steps, tasks and artifacts of FLOW/RUN")
     p.add_argument("pathspec")
+    p.add_argument("--json", action="store_true", help="print one JSON object for scripts (keys: docs/operations.md)")
     p.set_defaults(fn=cmd_show)
     p = sub.add_parser("logs", help="logs of FLOW/RUN/STEP[/TASK]")
     p.add_argument("pathspec")
-    p.add_argument("--stderr", action="store_true")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--stdout", action="store_true", help="the task's stdout (the default)")
+    which.add_argument("--stderr", action="store_true", help="the task's stderr")
     p.add_argument("--attempt", type=int)
     p.add_argument("--all-attempts", action="store_true", help="every attempt of every task (retries included)")
     p.add_argument("--engine", action="store_true", help="the cluster's own logs of every node and attempt "

@@ -1,5 +1,5 @@
 """The on-disk layout of a prepared dataset, the :class:`DatasetRef` handed between steps, and the
-local / fsspec storage helpers that commit and fetch it.
+helpers that commit and fetch it (remote ones through :mod:`stoker.store.objects`).
 
 Layout (a folder or an object-store prefix)::
 
@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stoker._s3 import s3_client
 from stoker.errors import DataError
+from stoker.store.objects import ObjectStore, open_objects
 
 logger = logging.getLogger(__name__)
 
@@ -53,85 +53,10 @@ def local_path(url: str) -> Path:
     return Path(url[len("file://"):] if url.startswith("file://") else url).expanduser().resolve()
 
 
-class S3Files:
-    """The few filesystem calls a dataset needs, on S3 through boto3 (no s3fs needed). Paths are
-    ``bucket/key``; the client honours ``$STOKER_S3_ENDPOINT_URL`` (MinIO, moto, ...) like the blob store."""
-
-    def __init__(self, client=None) -> None:
-        self.client = client if client is not None else s3_client(DataError, "s3:// datasets")
-
-    @staticmethod
-    def _split(path: str) -> tuple[str, str]:
-        bucket, _, key = path.partition("/")
-        return bucket, key
-
-    def _call(self, what: str, path: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            if type(exc).__module__.startswith(("botocore", "boto3", "s3transfer")):
-                raise DataError(f"s3://{path}: {what} failed ({exc}); check the bucket exists, your AWS "
-                                "credentials, and STOKER_S3_ENDPOINT_URL for an S3-compatible server") from None
-            raise
-
-    def exists(self, path: str) -> bool:
-        bucket, key = self._split(path)
-        try:
-            self.client.head_object(Bucket=bucket, Key=key)
-            return True
-        except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-            if code in ("404", "NoSuchKey", "NotFound"):
-                return False
-            return self._call("checking", path, self._raise, exc)
-
-    @staticmethod
-    def _raise(exc: Exception):
-        raise exc
-
-    def read_text(self, path: str) -> str:
-        bucket, key = self._split(path)
-        body = self._call("reading", path, self.client.get_object, Bucket=bucket, Key=key)["Body"]
-        return body.read().decode()
-
-    def put_file(self, local: str, path: str) -> None:
-        bucket, key = self._split(path)
-        self._call("uploading", path, self.client.upload_file, local, bucket, key)
-
-    def get_file(self, path: str, local: str) -> None:
-        bucket, key = self._split(path)
-        self._call("downloading", path, self.client.download_file, bucket, key, local)
-
-    def rm(self, path: str) -> None:
-        bucket, key = self._split(path)
-        self._call("deleting", path, self.client.delete_object, Bucket=bucket, Key=key)
-
-    def makedirs(self, path: str, exist_ok: bool = True) -> None:
-        """Object stores have no folders."""
-
-    def listing(self, prefix: str) -> list[tuple[str, int, str]]:
-        """(bucket/key, size, ETag) of every object under ``bucket/prefix``, sorted by key."""
-        bucket, key = self._split(prefix)
-        pages = self._call("listing", prefix, lambda: list(self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=key)))
-        return sorted((f"{bucket}/{o['Key']}", int(o["Size"]), str(o.get("ETag", "")).strip('"'))
-                      for page in pages for o in page.get("Contents", []))
-
-
-def filesystem(url: str):
-    """(filesystem, path within it) for a remote URL: boto3 for ``s3://``, fsspec for the rest."""
-    if url.startswith("s3://"):
-        return S3Files(), url[len("s3://"):].rstrip("/")
-    try:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(url)
-    except ImportError as exc:
-        raise DataError(f"{url}: the filesystem driver is not installed ({exc}); install it "
-                        "(e.g. `pip install s3fs` for s3://)") from None
-    except ValueError as exc:
-        raise DataError(f"{url}: not a usable fsspec URL ({exc})") from None
-    return fs, path.rstrip("/")
+def objects(url: str) -> ObjectStore:
+    """The object store at a remote ``url`` (``s3://`` through boto3, honouring ``$STOKER_S3_ENDPOINT_URL``;
+    other fsspec URLs through their driver); its failures are DataErrors."""
+    return open_objects(url.rstrip("/"), error=DataError)
 
 
 @dataclass(frozen=True)
@@ -227,12 +152,8 @@ def parse_manifest(text: str, where: str) -> dict:
 def read_manifest(url: str) -> dict | None:
     """The committed manifest at ``url``, or None when nothing is committed there."""
     if is_remote(url):
-        fs, root = filesystem(url)
-        where = f"{root}/{MANIFEST}"
-        if not fs.exists(where):
-            return None
-        text = fs.read_text(where) if isinstance(fs, S3Files) else fs.cat_file(where).decode()
-        return parse_manifest(text, f"{url.rstrip('/')}/{MANIFEST}")
+        data = objects(url).try_get_bytes(MANIFEST)
+        return None if data is None else parse_manifest(data.decode(), f"{url.rstrip('/')}/{MANIFEST}")
     path = local_path(url) / MANIFEST
     if not path.is_file():
         return None
@@ -276,43 +197,41 @@ def commit(staging: Path, target: str, *, overwrite: bool = False) -> None:
 
 
 def _upload(staging: Path, target: str, *, overwrite: bool) -> None:
-    fs, root = filesystem(target)
-    if fs.exists(f"{root}/{MANIFEST}"):
+    store = objects(target)
+    if store.exists(MANIFEST):
         if not overwrite:
             raise DataError(f"{target} already holds a dataset; pass overwrite=True (--overwrite) or another output")
-        fs.rm(f"{root}/{MANIFEST}")  # uncommit first so no reader sees old manifest over new shards
-    uploaded: list[str] = []
+        store.delete(MANIFEST)  # uncommit first so no reader sees old manifest over new shards
+    files = [(file.relative_to(staging).as_posix(), file) for file in sorted(staging.rglob("*"))
+             if file.is_file() and file.name != MANIFEST]
     try:
-        for file in sorted(staging.rglob("*")):
-            if file.is_file() and file.name != MANIFEST:
-                dest = f"{root}/{file.relative_to(staging).as_posix()}"
-                fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-                fs.put_file(str(file), dest)
-                uploaded.append(dest)
-        fs.put_file(str(staging / MANIFEST), f"{root}/{MANIFEST}")  # the commit point
+        store.put_many(files)  # shards in parallel (each in parallel parts when large)
+        store.put_file(MANIFEST, staging / MANIFEST)  # the commit point
     except BaseException:
-        for dest in uploaded:  # best effort: leave nothing half-written behind
-            try:
-                fs.rm(dest)
-            except Exception:  # noqa: BLE001 - the original error matters more
-                logger.warning("could not remove partial upload %s", dest)
+        try:  # best effort: leave nothing half-written behind
+            store.delete_many([key for key, _ in files])
+        except Exception:  # noqa: BLE001 - the original error matters more
+            logger.warning("could not remove the partial upload at %s", target)
         raise
 
 
 def download(url: str, manifest: dict, dest: Path) -> None:
-    """Copy a committed remote dataset to the local folder ``dest`` (atomically)."""
+    """Copy a committed remote dataset to the local folder ``dest`` (atomically), shards in parallel, each
+    verified against the sha256 its manifest records."""
     check_manifest(manifest, f"{url.rstrip('/')}/{MANIFEST}")  # its paths decide where files are written
-    fs, root = filesystem(url)
+    store = objects(url)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir(parents=True)
     try:
+        wanted = []
         for split in manifest["splits"].values():
             for shard in split["shards"]:
                 local = tmp / shard["path"]
                 if not local.resolve().is_relative_to(tmp.resolve()):  # belt and braces after check_manifest
                     raise _bad(f"{url.rstrip('/')}/{MANIFEST}", repr(shard["path"]), "it leads out of the dataset")
                 local.parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(f"{root}/{shard['path']}", str(local))
+                wanted.append((shard["path"], local, shard.get("sha256")))
+        store.get_many(wanted)
         write_manifest(tmp, manifest)
         try:
             os.rename(tmp, dest)

@@ -4,8 +4,8 @@ when their driver is installed.
 
 Objects are listed once (their sizes and ETags enter the cache fingerprint, so a changed object means a
 new dataset), then downloaded one ahead of the one being tokenized into a temporary folder and read by
-the same readers as local files; each is deleted once read. S3 goes through boto3 and honours
-``$STOKER_S3_ENDPOINT_URL`` like the rest of stoker.
+the same readers as local files; each is deleted once read. Every URL goes through
+:mod:`stoker.store.objects` (S3 through boto3, honouring ``$STOKER_S3_ENDPOINT_URL`` like the rest of stoker).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
 from stoker.data import layout
-from stoker.data.sources import FileSource, _digest, file_format
+from stoker.data.files import FileSource, _digest, file_format
 from stoker.errors import DataError
+from stoker.store.objects import ObjectStore
 
 _GLOB_CHARS = "*?["
 
@@ -46,31 +47,19 @@ def _match(pattern: list[str], parts: list[str]) -> bool:
     return fnmatchcase(parts[0], head) and _match(pattern[1:], parts[1:])
 
 
-def _listing(fs, prefix: str, spec: str, whole: bool) -> list[tuple[str, int, str]]:
-    """(path, size, version) of every object whose path starts with ``prefix`` (``whole``: the prefix is a
-    whole folder or object name, not the start of a glob)."""
-    if isinstance(fs, layout.S3Files):
-        return fs.listing(prefix)
-    folder = prefix if whole or prefix.endswith("/") or "/" not in prefix else prefix.rsplit("/", 1)[0]
-    try:
-        found = fs.find(folder, detail=True)  # fsspec lists folders, not key prefixes
-        if not found and fs.isfile(prefix):
-            found = {prefix: fs.info(prefix)}
-    except FileNotFoundError:
-        return []
-    except Exception as exc:  # the driver's own errors (permissions, network)
-        raise DataError(f"{spec}: listing failed ({type(exc).__name__}: {exc}); check the URL and your "
-                        "credentials for it") from None
-    return sorted((p, int(info.get("size") or 0), str(info.get("ETag") or info.get("mtime") or
-                                                        info.get("created") or ""))
-                  for p, info in found.items() if p.startswith(prefix))
+def _listing(store: ObjectStore, base: str, prefix: str) -> list[tuple[str, int, str]]:
+    """(path, size, version) of every object whose key starts with ``prefix``; a path is ``base/key`` (the
+    bucket, or the fsspec root, and the key), as it is named in messages and in the dataset's fingerprint."""
+    return [(f"{base}/{o.key}", o.size, o.etag) for o in store.list(prefix)]
 
 
 class RemoteFileSource(FileSource):
     """Files in an object store, read like local files after a download (see the module docstring)."""
 
-    def __init__(self, spec: str, fs, protocol: str, objects: list[tuple[str, int, str]], **options) -> None:
-        self.fs, self.protocol, self.objects = fs, protocol, objects
+    def __init__(self, spec: str, store: ObjectStore, protocol: str, objects: list[tuple[str, int, str]],
+                 **options) -> None:
+        self.store, self.protocol, self.objects = store, protocol, objects
+        self._base = store.url.split("://", 1)[1]
         super().__init__(spec, [PurePosixPath(p) for p, _, _ in objects], **options)
 
     def url(self, path: str) -> str:
@@ -87,7 +76,8 @@ class RemoteFileSource(FileSource):
 
             def fetch(i: int):
                 local = Path(tmp) / f"{i:06d}-{PurePosixPath(self.objects[i][0]).name}"
-                return pool.submit(self.fs.get_file, self.objects[i][0], str(local)), local
+                key = self.objects[i][0][len(self._base) + 1:]
+                return pool.submit(self.store.get_file, key, str(local)), local
 
             pending = fetch(0) if self.objects else None
             try:
@@ -113,10 +103,13 @@ class RemoteFileSource(FileSource):
 
 def remote_source(spec: str, **options) -> RemoteFileSource:
     """The files a remote URL names: every supported file under a prefix, a glob's matches, or one object."""
-    protocol = spec.split("://", 1)[0]
-    fs, path = layout.filesystem(spec)
+    protocol, _, rest = spec.partition("://")
+    base = rest.split("/", 1)[0]  # the bucket (or the first folder of an fsspec URL)
+    store = layout.objects(f"{protocol}://{base}")
+    path = f"{base}/{rest.split('/', 1)[1]}".rstrip("/") if "/" in rest else base
     cut = min((path.index(c) for c in _GLOB_CHARS if c in path), default=None)
-    objects = _listing(fs, path if cut is None else path[:cut], spec, whole=cut is None)
+    head = path if cut is None else path[:cut]
+    objects = _listing(store, base, head[len(base) + 1:])
     exact = [o for o in objects if o[0] == path]  # one object (even one whose name holds glob characters)
     if exact:
         objects = exact
@@ -127,7 +120,7 @@ def remote_source(spec: str, **options) -> RemoteFileSource:
     if not objects:
         raise DataError(f"source {spec!r} matches no objects; check the bucket and prefix (a folder prefix, a "
                         "glob like s3://bucket/raw/*.jsonl.gz, or one object) and STOKER_S3_ENDPOINT_URL")
-    return RemoteFileSource(spec, fs, protocol, objects, **options)
+    return RemoteFileSource(spec, store, protocol, objects, **options)
 
 
 def _supported(relative: str) -> bool:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
+from ..redact import REDACTED
+from .configs import UNPACK_KEY, has_delayed, resolve_delayed, unpack_delayed
 
 
 class StepDecorator:
@@ -22,22 +24,50 @@ class StepDecorator:
 
     def __init__(self, attributes: dict[str, Any] | None = None, statically_defined: bool = True) -> None:
         attributes = dict(attributes or {})
-        unknown = set(attributes) - set(self.defaults)
+        self._check_known(attributes)
+        self.statically_defined = statically_defined
+        # arguments given (Metaflow's _user_defined_attributes); `**cfg` adds its keys when it is resolved
+        self.user_defined = {k for k in attributes if not k.startswith(UNPACK_KEY)}
+        self.delayed = has_delayed(attributes)  # config values in the arguments: checked once they are known
+        self._raw = attributes
+        self.attributes = {**self.defaults, **attributes}
+        if not self.delayed:
+            self.validate()
+
+    def _check_known(self, attributes: dict[str, Any]) -> None:
+        unknown = {k for k in attributes if k not in self.defaults and not str(k).startswith(UNPACK_KEY)}
         if unknown:
             raise ConfigError(
                 f"@{self.name} has no argument {', '.join(sorted(unknown))}; "
                 f"it takes {', '.join(sorted(self.defaults)) or 'no arguments'}"
             )
+
+    def resolve_configs(self) -> None:
+        """Evaluate the config expressions in the arguments (`cfg.x`, `config_expr(...)`, `**cfg`) with the
+        run's Config values (flow.configs.bind_configs), then check the arguments."""
+        if not self.delayed:
+            return
+        attributes, new_keys = unpack_delayed(self._raw)
+        attributes = resolve_delayed(attributes)
+        self._check_known(attributes)
+        self.user_defined = self.user_defined | set(new_keys)
         self.attributes = {**self.defaults, **attributes}
-        self.statically_defined = statically_defined
         self.validate()
+        self._resolved = True
 
     def validate(self) -> None:
         """Check attribute values; raise ConfigError naming the setting and the fix."""
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.attributes.items() if v != self.defaults.get(k))
-        return f"@{self.name}({args})"
+        args = [f"{k}={v!r}" for k, v in self.attributes.items()
+                if not str(k).startswith(UNPACK_KEY) and v != self.defaults.get(k)]
+        return f"@{self.name}({', '.join(args + self._unpacked())})"
+
+    def _unpacked(self) -> list[str]:
+        """`**cfg.x` arguments not yet resolved, as written."""
+        if not self.delayed or getattr(self, "_resolved", False):
+            return []
+        return [f"**{v!r}" for k, v in self._raw.items() if str(k).startswith(UNPACK_KEY)]
 
     def _number(self, key: str, minimum: float = 0, kind: type = int) -> None:
         v = self.attributes[key]
@@ -103,7 +133,8 @@ class EnvironmentDecorator(StepDecorator):
         self.attributes["vars"] = {str(k): str(v) for k, v in self.attributes["vars"].items()}
 
     def __repr__(self) -> str:  # printed by `show`: the names of the variables, never their values
-        return f"@environment(vars={ {k: '***' for k in self.attributes['vars']} !r})"
+        names = self.attributes["vars"] if isinstance(self.attributes["vars"], dict) else {}
+        return f"@environment({', '.join([f'vars={ {k: REDACTED for k in names} !r}', *self._unpacked()])})"
 
 
 class ParallelDecorator(StepDecorator):
@@ -167,6 +198,35 @@ class CardDecorator(StepDecorator):
             raise ConfigError("@card(options=...) takes a dict, e.g. options={\"title\": \"Training\"}")
         self._number("refresh_interval", kind=float)
         self._number("timeout", kind=float)
+
+
+class FlowDecorator(StepDecorator):
+    """Base of flow-level decorators (`@project`): applied to the FlowSpec class, kept in
+    `_stoker_flow_decorators` (a subclass inherits them)."""
+
+    @classmethod
+    def make(cls) -> Callable:
+        def decorator(flow_cls: type | None = None, **attributes: Any) -> Any:
+            def attach(klass: type) -> type:
+                if not isinstance(klass, type):
+                    raise ConfigError(f"@{cls.name} decorates a FlowSpec class, not {klass!r}")
+                if any(d.name == cls.name for d in klass.__dict__.get("_stoker_flow_decorators", ())):
+                    raise ConfigError(f"flow {klass.__name__} already has a decorator @{cls.name}: each flow "
+                                      f"decorator can be given only once")
+                own = [d for d in getattr(klass, "_stoker_flow_decorators", ()) if d.name != cls.name]
+                klass._stoker_flow_decorators = (*own, cls(attributes))
+                return klass
+
+            return attach(flow_cls) if isinstance(flow_cls, type) else attach
+
+        decorator.__doc__ = cls.__doc__
+        decorator.__name__ = cls.name
+        return decorator
+
+
+def get_flow_decorator(flow_cls: type, name: str) -> FlowDecorator | None:
+    """The flow-level decorator `name` of a flow class, or None."""
+    return next((d for d in getattr(flow_cls, "_stoker_flow_decorators", ()) if d.name == name), None)
 
 
 DECORATORS: dict[str, type[StepDecorator]] = {

@@ -25,12 +25,15 @@ class StepNode:
     lineno: int
     num_args: int
     out_funcs: list[str] = field(default_factory=list)
-    kind: str = "linear"  # outgoing: linear | split | foreach | parallel | end
+    kind: str = "linear"  # outgoing: linear | split | foreach | parallel | switch | end
     foreach_var: str | None = None
+    condition: str | None = None  # a switch: the artifact whose value picks the case
+    switch_cases: dict[Any, str] = field(default_factory=dict)  # a switch: case value -> step
     num_parallel: Any = None  # int literal, or an ast expression string
     next_lineno: int = 0
     in_funcs: list[str] = field(default_factory=list)
     split_parents: list[str] = field(default_factory=list)  # enclosing splits, outermost first
+    split_branches: list[str] = field(default_factory=list)  # the branch of each enclosing split it is on
     matching_join: str | None = None
     decorators: list = field(default_factory=list)
     doc: str = ""
@@ -39,6 +42,11 @@ class StepNode:
     @property
     def is_join(self) -> bool:
         return self.num_args == 2
+
+    @property
+    def is_recursive(self) -> bool:
+        """A switch that may go back to itself (Metaflow's only kind of loop)."""
+        return self.kind == "switch" and self.name in self.out_funcs
 
     @property
     def is_gang(self) -> bool:
@@ -78,6 +86,38 @@ def _is_next_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and _self_attr(node.func) == "next"
 
 
+def _parse_switch(node: StepNode, call: ast.Call, kw: dict[str, ast.expr]) -> None:
+    """`self.next({"a": self.a, "b": self.b}, condition="attr")`: keys are literals (or self.<config>.<key>)."""
+    how = ('a switch is self.next({"case": self.step, ...}, condition="artifact") with literal keys '
+           '(strings, numbers, or self.<config>.<key>)')
+    cond = kw.get("condition")
+    if not (isinstance(cond, ast.Constant) and isinstance(cond.value, str)):
+        node.problems.append((node.next_lineno, f"step {node.name}: {how}; "
+                              + ("condition= must be a string" if cond is not None else "add condition=")))
+        return
+    if len(call.args) != 1 or not isinstance(call.args[0], ast.Dict) or set(kw) != {"condition"}:
+        node.problems.append((node.next_lineno, f"step {node.name}: {how}, and nothing else (no foreach= or "
+                              f"num_parallel=)"))
+        return
+    d = call.args[0]
+    for key, value in zip(d.keys, d.values, strict=True):
+        target = _self_attr(value)
+        if isinstance(key, ast.Constant):
+            case = key.value
+        elif isinstance(key, ast.Attribute) and _self_attr(key.value):
+            case = f"config:{_self_attr(key.value)}.{key.attr}"  # resolved when the step runs
+        else:
+            case = None
+        if case is None or target is None:
+            node.problems.append((node.next_lineno, f"step {node.name}: case {ast.unparse(key) if key else '**'}: "
+                                  f"{ast.unparse(value)} is not supported: {how}"))
+            return
+        node.switch_cases[case] = target
+    node.condition = cond.value
+    node.kind = "switch"
+    node.out_funcs = list(dict.fromkeys(node.switch_cases.values()))
+
+
 class FlowGraph:
     """Steps of a FlowSpec class keyed by name, with `in_funcs`, split parents and matching joins."""
 
@@ -87,6 +127,7 @@ class FlowGraph:
         self.assigned: set[str] = set()  # every `self.x = ...` in any step
         self.class_attrs = {k for c in flow_cls.__mro__ for k in vars(c)}
         self._trees: dict[str, ast.Module | None] = {}
+        self.edge_branch: dict[tuple[str, str], str] = {}  # (step, next step) -> branch of the innermost split
         self.file, self.lineno = _class_location(flow_cls)
         for attr in dir(flow_cls):
             func = getattr(flow_cls, attr, None)
@@ -160,9 +201,14 @@ class FlowGraph:
             return node
         if len(calls) > 1 or not (isinstance(last, ast.Expr) and _is_next_call(last.value)):
             node.problems.append((calls[0].lineno + off, f"self.next() must be the last statement of step {name} "
-                                  "and be called once; choose the branch with foreach= or a static split"))
+                                  "and be called once; to choose the next step at run time use a switch: "
+                                  'self.next({"a": self.a, "b": self.b}, condition="artifact")'))
         call = calls[-1]
         node.next_lineno = call.lineno + off
+        kw = {k.arg: k.value for k in call.keywords}
+        if "condition" in kw or (len(call.args) == 1 and isinstance(call.args[0], ast.Dict)):
+            _parse_switch(node, call, kw)
+            return node
         for arg in call.args:
             target = _self_attr(arg)
             if target is None:
@@ -170,7 +216,6 @@ class FlowGraph:
                                       f"got {ast.unparse(arg)}"))
             else:
                 node.out_funcs.append(target)
-        kw = {k.arg: k.value for k in call.keywords}
         if not node.out_funcs and not node.problems:
             node.problems.append((node.next_lineno, f"self.next() in step {name} names no step"))
         if "foreach" in kw:
@@ -229,6 +274,11 @@ class FlowGraph:
                 seen.add(n)
                 stack.extend(t for t in self.nodes[n].out_funcs if t in self.nodes)
         return seen
+
+    def branch_index(self, step: str, join: str) -> int:
+        """Which branch of the split that `join` closes a task of `step` arrives from (set by lint)."""
+        split = self.closing_split(join)
+        return split.out_funcs.index(self.edge_branch[(step, join)])
 
     def closing_split(self, join: str) -> StepNode:
         """The split, foreach or gang that a join step closes."""

@@ -29,6 +29,17 @@ def collect_problems(graph: FlowGraph, parameters: dict[str, Any]) -> list[tuple
             add(node, f"step {node.name} takes {node.num_args} arguments; a step takes (self), a join (self, inputs)")
         if node.name == "start" and node.is_join:
             add(node, "the start step cannot be a join: define it as `def start(self)`")
+        if node.is_join and node.kind in ("split", "foreach", "parallel", "switch"):
+            add(node, f"step {node.name} is both a join (it takes inputs) and a {node.kind} (its self.next() "
+                      f"starts new branches); as in Metaflow this is not allowed: end the join with "
+                      f"self.next(self.<step>) and split in that step")
+        if node.kind == "switch" and len(node.switch_cases) < 2:
+            add(node, f"step {node.name} is a switch with {len(node.switch_cases)} case; a switch needs at least "
+                      f"2 cases (use self.next(self.<step>) for one)", node.next_lineno)
+        catch = next((d for d in node.decorators if getattr(d, "name", "") == "catch"), None)
+        if catch is not None and node.kind == "switch":
+            add(node, f"@catch is not supported on step {node.name}, a {node.kind} step (as in Metaflow): move the "
+                      f"work that may fail to a step before it")
         for target in node.out_funcs:
             if target not in nodes:
                 hint = f" (did you mean self.{_closest(target, nodes)}?)" if _closest(target, nodes) else ""
@@ -55,7 +66,9 @@ def collect_problems(graph: FlowGraph, parameters: dict[str, Any]) -> list[tuple
     cycle = _find_cycle(graph)
     if cycle:
         first = nodes[cycle[0]]
-        add(first, f"steps form a loop ({' -> '.join(cycle)}); a flow is acyclic: use foreach= to repeat work")
+        add(first, f"steps form a loop ({' -> '.join(cycle)}); a flow is acyclic: use foreach= to repeat work, "
+                   f"or a switch that goes back to its own step "
+                   f"(self.next({{\"again\": self.{first.name}, \"done\": self.<next>}}, condition=...))")
         return out
     reachable = graph.reachable_from("start")
     for node in nodes.values():
@@ -81,6 +94,8 @@ def _find_cycle(graph: FlowGraph) -> list[str] | None:
         color[n] = 1
         path.append(n)
         for t in graph.nodes[n].out_funcs:
+            if t == n and graph.nodes[n].kind == "switch":
+                continue  # a recursive switch: Metaflow's one kind of loop
             if color.get(t) == 1:
                 return path[path.index(t):] + [t]
             if t not in color:
@@ -100,58 +115,72 @@ def _find_cycle(graph: FlowGraph) -> list[str] | None:
 
 
 def _check_splits(graph: FlowGraph, reachable: set[str]) -> list[tuple[str, str]]:
-    """Assign split_parents / matching_join in topological order and check that splits and joins pair up."""
+    """Assign split_parents / split_branches / matching_join in topological order; check that splits and joins
+    pair up. A switch is not a split: its cases converge on a step without inputs (as in Metaflow)."""
     nodes = graph.nodes
     out: list[tuple[str, str]] = []
-    indeg = {n: sum(1 for p in nodes[n].in_funcs if p in reachable) for n in reachable}
-    ready = [n for n in reachable if indeg[n] == 0]
-    out_stack: dict[str, list[str]] = {}
+
+    def parents_of(name: str) -> list[str]:  # a recursive switch's edge to itself is not an input
+        return [p for p in nodes[name].in_funcs if p in reachable and p != name]
+
+    indeg = {n: len(parents_of(n)) for n in reachable}
+    ready = [n for n in sorted(reachable, key=lambda n: n != "start") if indeg[n] == 0]
+    # what a step passes to each child: [(split, branch)] of the splits it is inside
+    edge: dict[tuple[str, str], list[tuple[str, str]]] = {}
     while ready:
         name = ready.pop(0)
         node = nodes[name]
-        parents = [p for p in node.in_funcs if p in reachable]
-        stacks = [out_stack[p] for p in parents]
+        parents = parents_of(name)
+        stacks = [edge[(p, name)] for p in parents]
+        base: list[tuple[str, str]] = list(stacks[0]) if stacks else []
         if node.is_join:
+            switches = [p for p in parents if nodes[p].kind == "switch"]
+            if switches:
+                out.append((node.where(), f"join {name} follows the switch in {', '.join(switches)} directly: a "
+                                          f"conditional path cannot lead straight to a join (as in Metaflow); add "
+                                          f"a step without inputs on that path before the join"))
             if not parents or any(not s for s in stacks):
                 out.append((node.where(), f"step {name} is a join (takes inputs) but does not follow a split: "
                                           f"remove `inputs` or split before it"))
-                base: list[str] = []
-            elif any(s != stacks[0] for s in stacks):
-                tops = sorted({s[-1] for s in stacks})
+                base = []
+            elif any([x for x, _ in s] != [x for x, _ in stacks[0]] for s in stacks):
+                tops = sorted({s[-1][0] for s in stacks})
                 out.append((node.where(), f"join {name} joins branches of different splits ({', '.join(tops)}): "
                                           f"join each split's branches separately"))
                 base = stacks[0][:-1]
             else:
-                node.split_parents = list(stacks[0])
-                split = nodes[stacks[0][-1]]
+                split = nodes[stacks[0][-1][0]]
+                node.split_parents = [x for x, _ in stacks[0]]
+                node.split_branches = [b for _, b in stacks[0]]
                 if split.matching_join and split.matching_join != name:
                     out.append((node.where(), f"branches of {split.name} end in two joins, {split.matching_join} "
                                               f"and {name}: send all branches to one join"))
                 split.matching_join = name
-                if split.kind in ("foreach", "parallel") and len(parents) != 1:
-                    out.append((node.where(), f"join {name} closes the {split.kind} in {split.name} and must have "
-                                              f"one parent, not {len(parents)}"))
-                if split.kind == "split" and len(parents) != len(split.out_funcs):
-                    out.append((node.where(), f"join {name} receives {len(parents)} of the {len(split.out_funcs)} "
+                arrived = {s[-1][1] for s in stacks}
+                if split.kind == "split" and arrived != set(split.out_funcs):
+                    out.append((node.where(), f"join {name} receives {len(arrived)} of the {len(split.out_funcs)} "
                                               f"branches of {split.name}: send every branch to it"))
                 base = stacks[0][:-1]
         else:
-            if len(parents) > 1:
+            if any(s != stacks[0] for s in stacks):
                 out.append((node.where(), f"step {name} has several parents ({', '.join(parents)}) but takes no "
                                           f"inputs: make it a join, `def {name}(self, inputs)`"))
-            base = list(stacks[0]) if stacks else []
-            node.split_parents = base
+            node.split_parents = [x for x, _ in base]
+            node.split_branches = [b for _, b in base]
         if node.kind == "parallel" and node.out_funcs:
             gang = nodes.get(node.out_funcs[0])
             if gang and not (gang.out_funcs and gang.out_funcs[0] in nodes and nodes[gang.out_funcs[0]].is_join):
                 out.append((gang.where(), f"gang step {gang.name} must be followed by a join step "
                                           f"(`def join(self, inputs)`)"))
         if name == "end" and base:
-            out.append((node.where(), f"step end is reached inside the split in {base[-1]}: join its branches "
+            out.append((node.where(), f"step end is reached inside the split in {base[-1][0]}: join its branches "
                                       f"with a step that takes inputs before end"))
-        out_stack[name] = base + [name] if node.kind in ("split", "foreach", "parallel") else base
+        splits = node.kind in ("split", "foreach", "parallel")
         for t in node.out_funcs:
-            if t in indeg:
+            if t in indeg and t != name:
+                edge[(name, t)] = base + [(name, t)] if splits else base
+                if edge[(name, t)]:
+                    graph.edge_branch[(name, t)] = edge[(name, t)][-1][1]
                 indeg[t] -= 1
                 if indeg[t] == 0:
                     ready.append(t)

@@ -145,6 +145,36 @@ class Parameter:
         return f"Parameter({self.name!r})"
 
 
+ENV_PREFIXES = ("STOKER_PARAM_", "METAFLOW_RUN_")  # stoker's own prefix wins over Metaflow's
+
+
+def env_var_names(name: str) -> list[str]:
+    """The environment variables that give a parameter's value to `run`: STOKER_PARAM_<NAME> and, as Metaflow's
+    click options read them, METAFLOW_RUN_<NAME> (NAME upper-case, dashes as underscores)."""
+    key = name.replace("-", "_").upper()
+    return [prefix + key for prefix in ENV_PREFIXES]
+
+
+def parameters_from_env(params: Mapping[str, Any], given: Mapping[str, Any],
+                        environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Values of the Parameters not given on the command line (which wins) that the environment sets;
+    `params` maps attribute names to run inputs, the result maps parameter names to raw values."""
+    env = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for p in params.values():
+        if not isinstance(p, Parameter) or given.get(p.name) is not None:
+            continue
+        for var in env_var_names(p.name):
+            if env.get(var):  # as click: an empty variable is no value
+                try:
+                    p.convert(env[var])
+                except ConfigError as e:
+                    raise ConfigError(f"{e} (the value comes from ${var}: fix or unset it)") from None
+                out[p.name] = env[var]
+                break
+    return out
+
+
 def builtins_type(value: Any) -> Callable[[Any], Any]:
     if isinstance(value, bool):
         return bool
@@ -274,6 +304,33 @@ class Config:
 
     def __repr__(self) -> str:
         return f"Config({self.name!r})"
+
+    # A Config used at class-body time, as in Metaflow: `@retry(times=cfg.retries)`, `cfg["a"]`, `**cfg`; each
+    # is a config expression, evaluated when the run's values are known (flow/configs.py).
+    secret = False  # attributes the rest of stoker reads on run inputs (never config expressions)
+    separator = None
+    show_default = True
+
+    def __getattr__(self, key: str) -> Any:
+        from .configs import NOT_CONFIG_KEYS, delayed_attribute
+
+        if key.startswith("_") or key in NOT_CONFIG_KEYS:
+            raise AttributeError(key)
+
+        return delayed_attribute(self.__dict__.get("name", ""), key)
+
+    def __getitem__(self, key: Any) -> Any:
+        from .configs import UNPACK_KEY, DelayEvaluator
+
+        if isinstance(key, str) and key.startswith(UNPACK_KEY):
+            return DelayEvaluator(self.name)
+        return DelayEvaluator(self.name)[key]
+
+    def keys(self) -> list[str]:
+        """`**cfg` in a decorator: the whole config's keys become its arguments (when the run starts)."""
+        from .configs import UNPACK_KEY
+
+        return [f"{UNPACK_KEY}{id(self)}"]
 
 
 class IncludeFile(Parameter):

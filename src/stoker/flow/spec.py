@@ -18,11 +18,30 @@ from .parameters import Config, Parameter
 CLI_HOOK: Callable[[type], Any] | None = None
 
 _INTERNAL = {"_inherited", "_loader", "_loaded", "_transition", "_foreach", "_graph_step", "_run_inputs",
-             "_stoker_run_input_names"}
+             "_stoker_run_input_names", "_is_join"}
+# FlowSpec attributes that are not class-level constants (as Metaflow's FlowSpec._NON_PARAMETERS)
+_NON_PARAMETERS = {"cmd", "foreach_stack", "index", "input", "script_name", "name"}
+READ_ONLY = "Flow level attributes and Parameters are not modifiable"  # Metaflow's message
 
 
 class MergeArtifactsError(StokerError):
-    """merge_artifacts found an artifact with different values in different branches."""
+    """merge_artifacts was called where it cannot merge (outside a join, or with include= and exclude=)."""
+
+
+class UnhandledInMergeArtifactsException(MergeArtifactsError):
+    """merge_artifacts found artifacts with different values in different branches (Metaflow's name)."""
+
+    def __init__(self, msg: str, unhandled: list[str]) -> None:
+        super().__init__(msg)
+        self.artifact_names = unhandled
+
+
+class MissingInMergeArtifactsException(MergeArtifactsError):
+    """merge_artifacts(include=...) names artifacts no branch has (Metaflow's name)."""
+
+    def __init__(self, msg: str, missing: list[str]) -> None:
+        super().__init__(msg)
+        self.artifact_names = missing
 
 
 def artifact_identity(desc: dict) -> str:
@@ -102,8 +121,9 @@ class FlowSpec:
 
     @classmethod
     def _task_instance(cls, inherited: dict[str, dict], loader: Callable[[dict], Any],
-                       step: str, foreach: list[dict] | None = None) -> FlowSpec:
-        """A FlowSpec for one task: artifacts of its parent(s) load on first access."""
+                       step: str, foreach: list[dict] | None = None, is_join: bool | None = None) -> FlowSpec:
+        """A FlowSpec for one task: artifacts of its parent(s) load on first access (`is_join`: whether the step
+        is a join, for merge_artifacts; None when unknown)."""
         self = cls.__new__(cls)
         d = self.__dict__
         d["_inherited"] = dict(inherited)
@@ -112,7 +132,32 @@ class FlowSpec:
         d["_transition"] = None
         d["_foreach"] = foreach or []
         d["_graph_step"] = step
+        d["_is_join"] = is_join
         return self
+
+    @classmethod
+    def _constant_names(cls) -> frozenset[str]:
+        """Class-level constants (as Metaflow: public class attributes that are not Parameters, methods,
+        properties or classes); a step cannot assign them."""
+        import types
+
+        cached = cls.__dict__.get("_stoker_constant_names")
+        if cached is None:
+            inputs = cls._run_input_names()
+            names = set()
+            for var in dir(cls):
+                if var[0] == "_" or var in _NON_PARAMETERS or var in inputs:
+                    continue
+                try:
+                    val = getattr(cls, var)
+                except Exception:  # noqa: BLE001 - a descriptor that fails on the class is no constant
+                    continue
+                if not isinstance(val, (types.MethodType, types.FunctionType, property, type, classmethod,
+                                        staticmethod)) and not getattr(val, "is_step", False):
+                    names.add(var)
+            cached = frozenset(names)
+            cls._stoker_constant_names = cached
+        return cached
 
     @classmethod
     def _run_input_names(cls) -> frozenset[str]:
@@ -158,7 +203,10 @@ class FlowSpec:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in type(self)._run_input_names():
-            raise AttributeError(f"{name} is a run input (Parameter/Config) and is read-only in a step")
+            raise AttributeError(f"{READ_ONLY}: {name} is a run input (Parameter/Config) and is read-only in a step")
+        if name in type(self)._constant_names():
+            raise AttributeError(f"{READ_ONLY}: {name} is a class-level constant of {type(self).__name__}; "
+                                 "assign the changed value to another artifact name")
         if name in ("next", "input", "index", "merge_artifacts", "foreach_stack"):
             raise AttributeError(f"{name!r} is reserved by FlowSpec; choose another artifact name")
         object.__setattr__(self, name, value)
@@ -171,10 +219,16 @@ class FlowSpec:
         d.get("_loaded", {}).pop(name, None)
 
     # -- transitions -------------------------------------------------------------------------------
-    def next(self, *dsts: Callable, foreach: str | None = None, num_parallel: int | None = None) -> None:
-        """Go to the next step(s): one step, a static split, `foreach="attr"` or a gang of `num_parallel`."""
+    def next(self, *dsts: Callable | dict, foreach: str | None = None, num_parallel: int | None = None,
+             condition: str | None = None) -> None:
+        """Go to the next step(s): one step, a static split, `foreach="attr"`, a gang of `num_parallel`, or a
+        switch, `self.next({"a": self.a, "b": self.b}, condition="attr")`: the case named by `self.attr` runs."""
+        step = self.__dict__.get("_graph_step")
         if self.__dict__.get("_transition") is not None:
-            raise StokerError(f"self.next() was called twice in step {self._graph_step}")
+            raise StokerError(f"self.next() was called twice in step {step}")
+        if condition is not None or (len(dsts) == 1 and isinstance(dsts[0], dict)):
+            self.__dict__["_transition"] = _switch_target(self, step, dsts, condition, foreach, num_parallel)
+            return
         names = []
         for d in dsts:
             n = getattr(d, "__name__", None)
@@ -208,35 +262,80 @@ class FlowSpec:
     # -- joins ------------------------------------------------------------------------------------
     def merge_artifacts(self, inputs: Iterable, exclude: Iterable[str] | None = None,
                         include: Iterable[str] | None = None) -> None:
-        """Carry over artifacts that are equal in every branch (or set in only one); conflicts are errors."""
-        exclude, include = set(exclude or ()), set(include or ())
-        if exclude and include:
-            raise MergeArtifactsError("merge_artifacts takes exclude= or include=, not both")
-        seen: dict[str, list[tuple[str, dict]]] = {}
+        """Carry over artifacts that are equal in every branch (or set in only one), as Metaflow does.
+
+        Only in a join; artifacts already set in this step are left alone. A conflict (or, with include=, a
+        name no branch has) raises and sets nothing."""
+        include_l, exclude_l = list(include or ()), list(exclude or ())
+        d = self.__dict__
+        step = d.get("_graph_step")
+        if d.get("_is_join") is False:
+            raise MergeArtifactsError(f"merge_artifacts can only be called in a join and step *{step}* is not a "
+                                      "join")
+        if include_l and exclude_l:
+            raise MergeArtifactsError("`exclude` and `include` are mutually exclusive in merge_artifacts")
+        to_merge: dict[str, dict] = {}
+        unresolved: list[str] = []
         for view in inputs:
             for name, desc in view.__dict__["_inherited"].items():
-                seen.setdefault(name, []).append((view.__dict__["_step"], desc))
-        d = self.__dict__
-        conflicts = []
-        for name, descs in seen.items():
-            if name in exclude or (include and name not in include) or name in d or name in _INTERNAL:
-                continue
-            if name in type(self)._run_input_names():
-                continue
-            if len({artifact_identity(x) for _, x in descs}) > 1:
-                conflicts.append(name)
-                continue
-            d["_inherited"][name] = descs[0][1]
-            d["_loaded"].pop(name, None)
-        missing = include - set(seen)
+                if (name not in include_l) if include_l else (name in exclude_l or name in _INTERNAL):
+                    continue
+                if self._has(name):
+                    continue
+                first = to_merge.setdefault(name, desc)
+                if first is not desc and artifact_identity(first) != artifact_identity(desc) \
+                        and name not in unresolved:
+                    unresolved.append(name)
+        missing = [v for v in include_l if v not in to_merge and not self._has(v)]
+        if unresolved:  # nothing is set
+            raise UnhandledInMergeArtifactsException(
+                f"Step *{step}* cannot merge the following artifacts due to them having conflicting values:\n"
+                f"[{', '.join(unresolved)}].\nTo remedy this issue, be sure to explicitly set those artifacts "
+                "(using self.<artifact_name> = ...) prior to calling merge_artifacts.", unresolved)
         if missing:
-            raise MergeArtifactsError(f"merge_artifacts(include=...) names artifacts no input has: "
-                                      f"{', '.join(sorted(missing))}")
-        if conflicts:
-            raise MergeArtifactsError(
-                f"merge_artifacts: {', '.join(sorted(conflicts))} differ between branches; assign them in the join "
-                f"(e.g. self.{conflicts[0]} = max(i.{conflicts[0]} for i in inputs)) or pass exclude=[...]")
+            raise MissingInMergeArtifactsException(
+                f"Step *{step}* specifies that [{', '.join(include_l)}] should be merged but "
+                f"[{', '.join(missing)}] are not present.\nTo remedy this issue, make sure that the values "
+                "specified in only come from at least one branch", missing)
+        for name, desc in to_merge.items():
+            d["_inherited"][name] = desc
+            d["_loaded"].pop(name, None)
+
+    def _has(self, name: str) -> bool:
+        """`hasattr(self, name)` without loading an artifact: set in this step, inherited, or on the class."""
+        d = self.__dict__
+        return name in d or name in d["_inherited"] or hasattr(type(self), name)
 
     def _new_artifacts(self) -> dict[str, Any]:
         """What the step assigned (as in Metaflow, `_private` names too; `__dunder__` names never)."""
         return {k: v for k, v in self.__dict__.items() if not k.startswith("__") and k not in _INTERNAL}
+
+
+def _switch_target(flow: FlowSpec, step: str | None, dsts: tuple, condition: str | None, foreach: Any,
+                   num_parallel: Any) -> dict[str, Any]:
+    """The case a switch takes (Metaflow's checks and messages)."""
+    if condition is None:
+        raise StokerError(f"step {step}: a dictionary in self.next() needs condition=: "
+                          f'self.next({{"a": self.a, "b": self.b}}, condition="artifact")')
+    if len(dsts) != 1 or not isinstance(dsts[0], dict) or not dsts[0]:
+        raise StokerError(f"step {step}: with condition=, self.next() takes one non-empty dictionary that maps "
+                          f"condition values to steps")
+    if not isinstance(condition, str):
+        raise StokerError(f"step {step}: condition= takes the name of an artifact as a string")
+    if foreach is not None or num_parallel is not None:
+        raise StokerError(f"step {step}: a switch (condition=) cannot be combined with foreach= or num_parallel=")
+    try:
+        value = getattr(flow, condition)
+    except AttributeError:
+        raise StokerError(f"condition variable self.{condition} in step {step} does not exist: set "
+                          f"self.{condition} in this step (or an earlier one)") from None
+    cases = dsts[0]
+    try:
+        chosen = cases[value]
+    except (KeyError, TypeError):
+        raise RuntimeError(f"Switch condition variable '{condition}' has value '{value}' which is not in the "
+                           f"available cases: {list(cases)}") from None
+    n = getattr(chosen, "__name__", None)
+    if n is None or not getattr(chosen, "is_step", False):
+        raise StokerError(f"step {step}: the switch case {value!r} goes to {chosen!r}, which is not a step")
+    return {"steps": [n], "foreach": None, "num_parallel": None, "condition": condition}

@@ -107,6 +107,25 @@ def check_train_settings(cfg: dict, overrides: Mapping[str, Any] | None = None) 
                                   + f" (valid in [{section}]: {', '.join(sorted(keys))})")
 
 
+def pipeline_summary(flow: str, run_id: str, m: Mapping[str, Any], e: Mapping[str, Any], seconds: float,
+                     checkpoint: str, export_dir: str, compute: str) -> str:
+    """What the `end` step prints: the result in a few lines, and where to look next (the numbers themselves
+    are artifacts: `metrics`, `result` with every loss, `eval`)."""
+    loss = f"{m['final_loss']:.4f}" if m.get("final_loss") is not None else "-"
+    return "\n".join([
+        f"{flow} {run_id}: {m['step']} steps, {m['tokens']:,} tokens on {m['world_size']} ranks "
+        f"(TP={m['tp']} x DP={m['dp']}), {m['tokens_per_s']:,.0f} tokens/s, training {seconds:.1f} s",
+        f"  final train loss {loss}, validation loss {e['val_loss']:.4f} (perplexity {e['val_perplexity']:.1f})",
+        f"  checkpoint: {checkpoint}",
+        f"  export (Hugging Face format): {export_dir}",
+        f"  compute: {compute}",
+        "next:",
+        f"  stoker show {flow}/{run_id}   # steps, tasks and artifacts",
+        "  stoker ui   # loss curves, per-rank and accelerator charts, cards",
+        f"  python -c 'from stoker import Run; print(Run(\"{flow}/{run_id}\").data.metrics)'",
+    ])
+
+
 class PipelineConfig(Config):
     """The pipeline's Config, checked against stoker.train's settings when the run starts."""
 
@@ -152,8 +171,10 @@ class LlamaPretrain(FlowSpec):
             args.append(f"--set=checkpoint.resume_from={checkpoint_root(current.origin_run_id)}")
             print(f"resuming from the checkpoints of run {current.origin_run_id}", flush=True)
         result_file = os.path.join(current.tempdir, "result.json")
+        t0 = time.time()
         current.torch.run(entrypoint="stoker.train", nproc_per_node=int(self.config.cluster.nproc_per_node),
                           args=args + [f"--result-file={result_file}"])
+        self.train_seconds = time.time() - t0
         self.node = current.parallel.node_index
         self.result = json.load(open(result_file)) if os.path.exists(result_file) else None
         if self.result:  # rank 0's node: keep the resolved training config, drop the path into the scratch folder
@@ -169,6 +190,7 @@ class LlamaPretrain(FlowSpec):
                                                          "resumed_from", "world_size", "dp", "tp", "num_params")}
         self.checkpoint = self.result["checkpoint"]
         self.train_config = next(i.train_config for i in inputs if i.result)
+        self.train_seconds = max(i.train_seconds for i in inputs)
         self.merge_artifacts(inputs, include=["data", "prepare_seconds", "nodes"])
         self.next(self.evaluate)
 
@@ -207,14 +229,9 @@ class LlamaPretrain(FlowSpec):
     def end(self):
         from stoker.backends.aws.cost import cost_headline
 
-        m, e = self.metrics, self.eval
-        print(f"LlamaPretrain {current.run_id}: {m['tokens']:,} tokens seen in {m['step']} steps on "
-              f"{m['world_size']} ranks (TP={m['tp']} x DP={m['dp']}), {m['tokens_per_s']:,.0f} tokens/s")
-        print(f"  final train loss {m['final_loss']:.4f}, validation loss {e['val_loss']:.4f} "
-              f"(perplexity {e['val_perplexity']:.1f})")
-        print(f"  checkpoint: {self.checkpoint}")
-        print(f"  export (Hugging Face format): {self.export_dir}")
-        print(f"  compute: {cost_headline(current.store_url, current.flow_name, current.run_id)}")
+        print(pipeline_summary(current.flow_name, current.run_id, self.metrics, self.eval, self.train_seconds,
+                               self.checkpoint, self.export_dir,
+                               cost_headline(current.store_url, current.flow_name, current.run_id)))
 
 
 if __name__ == "__main__":

@@ -27,10 +27,12 @@ from ..store.paths import current_user, default_db_path, default_store_url, home
 from ..store.signing import finite_json, store_key
 from .executor import Backend, JobRef, Unit
 from .failures import FIX_AND_RERUN
+from .flowhooks import bind_default_configs, bind_run
 from .jobs import build_unit
 from .output import Display
 from .package import stage_package
-from .scheduler import Router, RunResult, Scheduler, frames_key
+from .queue import frames_key
+from .scheduler import Router, RunResult, Scheduler
 from .spec import TaskSpec
 
 
@@ -134,6 +136,7 @@ def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
     """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O. `values`: the
     parameters given on the command line (a gang sized by a parameter is shown at that size)."""
     graph = prepare_flow(flow_cls, list(with_specs or []))
+    bind_default_configs(flow_cls, Path(inspect.getsourcefile(flow_cls) or ".").parent)
     store_url = default_store_url()
     parts = []
     for backend, unit in plan_units(graph, flow_cls, router, store_url, values):
@@ -147,7 +150,9 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
               with_specs: list[str] | None = None, tags: list[str] | None = None, max_workers: int = 16,
               store: BlobStore | None = None, db: MetadataDB | None = None, run_id: str | None = None,
               origin_run_id: str | None = None, rerun_steps: set[str] | None = None, quiet: bool = False,
-              run_id_file: str | None = None, on_submit: Callable[[JobRef, str, str], None] | None = None) -> RunResult:
+              run_id_file: str | None = None, on_submit: Callable[[JobRef, str, str], None] | None = None,
+              project_options: dict[str, Any] | None = None) -> RunResult:
+    """Run (or resume) a flow. `project_options`: @project's `branch` / `production` from the command line."""
     with_specs = list(with_specs or [])
     graph = prepare_flow(flow_cls, with_specs)
     store = store or open_store()
@@ -161,6 +166,9 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     else:
         values = resolve_run_inputs(flow_cls, params or {}, config_paths or {}, overrides or {},
                                     Path(flow_file).parent)
+    # config values into decorators (`@retry(times=cfg.n)`), then @project's system tags
+    project = bind_run(flow_cls, values, user, project_options, graph.name)
+    system_tags = project.tags if project else []
     planned = plan_units(graph, flow_cls, router, store.url, values)
     check_units(graph, flow_cls, planned)
     # the code package, built before anything runs (a package that cannot be built fails now, not mid-run)
@@ -173,9 +181,9 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
              for k, v in values.items() if not isinstance(declared[k], Config)}
     configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
     db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
-                  origin_run_id=origin_run_id)
+                  origin_run_id=origin_run_id, system_tags=system_tags)
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
-              "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [],
+              "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "system_tags": system_tags,
               "with": [redact_with_spec(w) for w in with_specs],
               "flow_file": flow_file, "created_at": time.time(), "status": "running",
               "pid": os.getpid(), "host": socket.gethostname(),
@@ -186,12 +194,16 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     display = Display(f"{graph.name}/{run_id}", quiet=quiet)
     display.info(f"stoker: run {graph.name}/{run_id} started (user:{user}, store {store.url})"
                  + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
+    if project:  # as Metaflow prints it
+        display.info(f"Project: {project.project_name}, Branch: {project.branch_name}")
     from .task import run_task
 
     for b in {router(n.name).name: router(n.name) for n in graph}.values():
         b.bind(lambda spec: run_task(flow_cls, spec, store, graph))  # for a backend that forks members
+    # a task's spec: the system tags first, so that a user tag `project:x` is not taken for @project's
     sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
-                      run_inputs=run_inputs, user=user, tags=tags or [], max_workers=max_workers, origin=origin,
+                      run_inputs=run_inputs, user=user, tags=[*system_tags, *(tags or [])], max_workers=max_workers,
+                      origin=origin,
                       origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
                       with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit,
                       package=package)
@@ -291,7 +303,8 @@ def _jsonable(v: Any) -> bool:
 
 
 def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tuple[dict[tuple, dict], dict]:
-    """Successful task manifests of the origin run keyed by (step, foreach position), and its run inputs."""
+    """Successful task manifests of the origin run keyed by (step, foreach position, pass of each recursive
+    switch), and its run inputs."""
     from ..store.artifacts import load_artifact
 
     info = read_run_record(store, flow, run_id)
@@ -304,7 +317,7 @@ def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tup
         m = read_manifest_object(store, mname)  # signature verified: its artifacts are reused as they are
         if m.get("status") != "ok":
             continue
-        key = (m["step"], frames_key(m.get("foreach_stack") or []))
+        key = (m["step"], frames_key(m.get("foreach_stack") or []), tuple(m.get("iteration") or ()))
         if key not in origin or m["attempt"] > origin[key]["attempt"]:
             origin[key] = m
     return origin, values

@@ -51,6 +51,7 @@ class Task:
     manifest: dict | None = None
     exit_code: int | None = None
     cloned: bool = False
+    iteration: tuple = ()  # the pass of each enclosing recursive switch (a step that switches back to itself)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name != "state":
@@ -64,7 +65,7 @@ class Task:
 
     @property
     def key(self) -> tuple:
-        return (self.step, frames_key(self.foreach))
+        return (self.step, frames_key(self.foreach), tuple(self.iteration))
 
     @property
     def unit_key(self) -> str:

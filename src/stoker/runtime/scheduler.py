@@ -24,13 +24,15 @@ from ..store.manifest import clone_manifest, log_name, manifest_name, manifest_o
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
 from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, retry_preempted
+from .fallback import crash_note, died_how, wants_fallback
 from .gangview import node_states
 from .jobs import build_unit, job_record_name, kill_request_name
 from .output import Display, TaskOutput, private_log_root, store_logs
 from .package import stage_package
-from .queue import Task, TaskIndex, frames_key
+from .queue import Task, TaskIndex
 from .resources import ResourcePool, step_resources
 from .spec import TaskSpec
+from .transitions import add_gang, start_successors
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/failures.py)
@@ -96,50 +98,20 @@ class Scheduler:
         return str(self._next_id)
 
     def _add(self, step: str, inputs: list[Task], foreach: list[dict], parallel: dict | None = None,
-             gang: str | None = None, task_id: str | None = None) -> Task:
+             gang: str | None = None, task_id: str | None = None, iteration: tuple = ()) -> Task:
         func = getattr(self.flow_cls, step)
         retry = get_decorator(func, "retry")
         t = Task(step=step, task_id=task_id or self._new_id(), inputs=[i.ref() for i in inputs], foreach=foreach,
-                 max_attempts=1 + (int(retry.attributes["times"]) if retry else 0), parallel=parallel, gang=gang)
+                 max_attempts=1 + (int(retry.attributes["times"]) if retry else 0), parallel=parallel, gang=gang,
+                 iteration=iteration)
         self.index.add(t)
         return t
 
     def _successors(self, t: Task) -> None:
-        node = self.graph[t.step]
-        nxt = (t.manifest or {}).get("next") or {}
-        if node.kind == "foreach":
-            n, var = nxt["num_splits"], nxt["foreach_var"]
-            desc = t.manifest["artifacts"][var]
-            for i in range(n):
-                self._add(node.out_funcs[0], [t], t.foreach + [{"step": t.step, "var": var, "index": i,
-                                                                 "num_splits": n, "desc": desc}])
-        elif node.kind == "parallel":
-            self._add_gang(node.out_funcs[0], t, int(nxt["num_parallel"]))
-        else:
-            for target in node.out_funcs:
-                if self.graph[target].is_join:
-                    self._arrive(target, t)
-                else:
-                    self._add(target, [t], list(t.foreach))
+        start_successors(self, t)  # runtime/transitions.py: splits, foreaches, gangs, switches, joins
 
     def _add_gang(self, step: str, parent: Task, n: int) -> None:
-        gang = f"{step}-{self._next_id + 1}"
-        ids = [self._new_id() for _ in range(n)]
-        for i in range(n):  # the main address and the port come from the engine when the node starts
-            par = {"main_ip": None, "num_nodes": n, "node_index": i, "port": None, "control_task_id": ids[0]}
-            self._add(step, [parent], parent.foreach + [{"step": parent.step, "var": None, "index": i,
-                                                          "num_splits": n}], parallel=par, gang=gang, task_id=ids[i])
-
-    def _arrive(self, join: str, t: Task) -> None:
-        split = self.graph.closing_split(join)
-        if split.kind in ("foreach", "parallel"):
-            outer, idx, expected = t.foreach[:-1], t.foreach[-1]["index"], t.foreach[-1]["num_splits"]
-        else:
-            outer, idx, expected = t.foreach, self.graph[join].in_funcs.index(t.step), len(self.graph[join].in_funcs)
-        bucket = self.joins.setdefault((join, frames_key(outer)), {})
-        bucket[idx] = t
-        if len(bucket) == expected:
-            self._add(join, [bucket[i] for i in sorted(bucket)], list(outer))
+        add_gang(self, step, parent, n)
 
     # -- launching --------------------------------------------------------------------------------
     def _backend(self, step: str) -> Backend:
@@ -274,6 +246,7 @@ class Scheduler:
     def _spec(self, t: Task) -> TaskSpec:
         return TaskSpec(flow=self.flow, run_id=self.run_id, step=t.step, task_id=t.task_id, attempt=t.attempt,
                         max_attempts=t.max_attempts, inputs=t.inputs, foreach=t.foreach, parallel=t.parallel,
+                        iteration=list(t.iteration),
                         run_inputs=self.run_inputs, user=self.user, tags=self.tags,
                         origin_run_id=self.origin_run_id, store_url=self.store.url, flow_file=self.flow_file,
                         flow_class=self.flow_cls.__name__, with_decorators=self.with_specs)
@@ -283,7 +256,7 @@ class Scheduler:
         old = signal.signal(signal.SIGINT, self._on_sigint)
         old_term = signal.signal(signal.SIGTERM, self._on_sigint)
         try:
-            self._add("start", [], [])
+            self._add("start", [], [], iteration=(0,) if self.graph["start"].is_recursive else ())
             while True:
                 self._check_interrupt()
                 if not self.failed and not self.interrupted:
@@ -487,10 +460,14 @@ class Scheduler:
         self.display.count("running", -1)
         t.exit_code = code
         t.engine_reason = reason
+        m, untrusted = manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))
+        if m is None and code != 0 and not untrusted:  # it died: its log (and the console) says how
+            cut = b"\n" if t.output.partial["stderr"] else b""  # on its own line, after what it printed last
+            for line in t.output.feed("stderr", cut + crash_note(code, t.stop_reason or reason).encode()):
+                self.display.line(t.step, self._prefix(t), line, "stderr")
         for stream, line in t.output.close():
             self.display.line(t.step, self._prefix(t), line, stream)
         store_logs(self.store, t, lambda stream: log_name(self.flow, self.run_id, t.step, t.task_id, t.attempt, stream))
-        m, untrusted = manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))
         if t.backend.remote and m and m.get("status") == "ok":
             code = 0  # a remote node's exit code is often its job's (srun's): its own manifest is the truth
         if code == 0 and m and m.get("status") == "ok":
@@ -528,11 +505,7 @@ class Scheduler:
         t.output = t.job = None  # (only a running task's job is ever looked at)
 
     def _failure_manifest(self, t: Task, code: int, untrusted: str | None = None) -> dict:
-        if code < 0:
-            sig = -code
-            how = f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
-        else:
-            how = f"exited with code {code}"
+        how = died_how(code)
         why = t.stop_reason or t.engine_reason
         why = f" because {why}" if why else ""
         message = f"its manifest cannot be trusted: {untrusted}" if untrusted else f"task process {how}{why}"
@@ -574,10 +547,14 @@ class Scheduler:
         kind = failure_kind(first.manifest, first.exit_code)  # preempted: retry and resume; permanent: never
         never = (first.stop_reason or "").startswith(NEVER_STARTS) or kind == PERMANENT
         note = retry_preempted(unit, first) if kind == PREEMPTED and not self.failed and not never else None
-        if first.attempt + 1 < first.max_attempts and not self.failed and not never:
+        fallback = not self.failed and not never and wants_fallback(self.flow_cls, self.graph[first.step].kind, unit, first)
+        if (first.attempt + 1 < first.max_attempts or fallback) and not self.failed and not never:
             retry = get_decorator(getattr(self.flow_cls, first.step), "retry")
             delay = 60 * float(retry.attributes["minutes_between_retries"]) if retry and not note else 0
+            delay = 0 if fallback else delay
             self.display.info(f"[{self._prefix(first)}] {note}" if note else
+                              f"[{self._prefix(first)}] failed ({self._why(first)}); @catch: a fallback attempt "
+                              f"records the failure and the flow goes on" if fallback else
                               f"[{self._prefix(first)}] failed ({self._why(first)}); "
                               f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
                               f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),

@@ -21,6 +21,7 @@ class TaskSpec:
     max_attempts: int = 1
     inputs: list[dict] = field(default_factory=list)  # [{"step", "task_id", "attempt"}] parent task attempts
     foreach: list[dict] = field(default_factory=list)  # frames: {"step", "var", "index", "num_splits", "desc"}
+    iteration: list[int] = field(default_factory=list)  # passes of enclosing recursive switches
     parallel: dict | None = None  # {"main_ip", "num_nodes", "node_index", "port", "control_task_id"}
     run_inputs: dict[str, dict] = field(default_factory=dict)  # parameter/config name -> artifact descriptor
     user: str = "unknown"
@@ -53,6 +54,7 @@ class TaskSpec:
             "input_paths": self.input_paths(),
             "foreach_stack": [{k: f.get(k) for k in ("step", "var", "index", "num_splits", "desc")}
                               for f in self.foreach],
+            "iteration": list(self.iteration),
             "parallel": {"node_index": par["node_index"], "num_nodes": par["num_nodes"]} if par else None,
             "logs": {s: log_name(self.flow, self.run_id, self.step, self.task_id, self.attempt, s)
                      for s in ("stdout", "stderr")},

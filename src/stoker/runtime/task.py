@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
 from ..exitstatus import exit_code_for
-from ..flow.current import ParallelInfo, current
+from ..flow.current import ParallelInfo, current, graph_info
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..flow.spec import FlowSpec, Inputs, _ArtifactView
@@ -27,11 +27,20 @@ from ..store.artifacts import load_artifact, save_artifact
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import read_manifest, write_manifest
 from ..store.metrics import task_env as metrics_task_env
+from .flowhooks import after_task, bind_task_configs, task_current, with_secrets
 from .spec import TaskSpec
 
 
 class StepTimeout(StokerError):
     """The step ran longer than its @timeout."""
+
+
+class FailureHandledByCatch(StokerError):
+    """What @catch stores when a task's attempts kept dying without an exception of its code (as Metaflow)."""
+
+    def __init__(self, retry_count: int) -> None:
+        super().__init__(f"Task execution kept failing over {retry_count} attempts. Your code did not raise an "
+                         f"exception. Something in the execution environment caused the failure.")
 
 
 class CaughtException:
@@ -69,7 +78,9 @@ def _frames(foreach: list[dict], store: BlobStore) -> list[dict]:
     cache: dict[str, Any] = {}
     for f in foreach:
         frame = {"step": f["step"], "index": f["index"], "num_splits": f["num_splits"]}
-        if f.get("desc") is not None:
+        if f.get("var") is None and f.get("desc") is None:  # a num_parallel gang: as Metaflow, self.input is the
+            frame.update(value=f["index"], num_splits=None)  # node index and foreach_stack() has no split count
+        elif f.get("desc") is not None:
             def value(f=f) -> Any:
                 key = f["step"] + "/" + f["var"]
                 if key not in cache:
@@ -102,8 +113,13 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     par = ParallelInfo(**spec.parallel) if spec.parallel else ParallelInfo()
     current._set(flow_name=spec.flow, run_id=spec.run_id, step_name=spec.step, task_id=spec.task_id,
                  retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
-                 username=spec.user, tags=tuple(spec.tags), tempdir=tmp, parallel=par,
-                 namespace=f"user:{spec.user}", store_url=store.url, max_attempts=spec.max_attempts)
+                 username=spec.user, tags=_user_tags(flow_cls, spec.tags), tempdir=tmp, parallel=par,
+                 namespace=f"user:{spec.user}", store_url=store.url, max_attempts=spec.max_attempts,
+                 parameter_names=sorted(flow_cls._run_input_names()),  # as Metaflow: Configs too
+                 graph=lambda: graph_info(graph, flow_cls.__doc__))
+    if spec.parallel:
+        current._set(is_parallel=True)
+    current._set(**task_current(flow_cls, spec))  # @project: project_name, branch_name, ...
     # the trainer in this task's (torchrun) children streams its metrics into this attempt's series
     os.environ.update(metrics_task_env(store.url, spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt))
     if spec.parallel:
@@ -122,14 +138,19 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
         views = [_ArtifactView(m["artifacts"], loader, step=m["step"],
                                foreach=_frames(m.get("foreach_stack") or [], store))
                  for m in parents]
-        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store))
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=True)
         call = lambda: func(flow, Inputs(views))  # noqa: E731
     else:
         inherited = dict(parents[0]["artifacts"]) if parents else {}
         inherited.update(spec.run_inputs)
-        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store))
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=False)
         call = lambda: func(flow)  # noqa: E731
 
+    call = with_secrets(func, call)  # @secrets: fetched just before the step, never stored
+    if get_decorator(func, "catch") and spec.attempt >= spec.max_attempts:  # @catch's fallback attempt
+        def call() -> None:
+            raise FailureHandledByCatch(spec.attempt)
+    _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
     manifest: dict[str, Any] = spec.manifest_head(started)
     code = 0
     monitor = start_for_task(func, store, flow=spec.flow, run_id=spec.run_id, step=spec.step, task_id=spec.task_id,
@@ -155,7 +176,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
         else:
             print(trace, end="", file=sys.stderr)  # traceback.print_exc(), without secrets
         if catch and last_attempt and not isinstance(exc, KeyboardInterrupt) and node.kind not in ("foreach",
-                                                                                                    "parallel"):
+                                                                                                    "parallel", "switch"):
             var = catch.attributes["var"]
             if var:
                 object.__setattr__(flow, var, CaughtException(exc))
@@ -178,6 +199,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
             var = (manifest.get("next") or {}).get("foreach_var")
             if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
                 artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
+            _add_constants(flow_cls, artifacts, parents, store)
         except Exception as exc:  # noqa: BLE001
             message, trace = _exception_text(exc)
             print(trace, end="", file=sys.stderr)
@@ -191,10 +213,52 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     sys.stdout.flush()
     sys.stderr.flush()
     write_manifest(store, manifest)
+    after_task()
     shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
     if term_cleanup:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
+
+
+def _enable_faulthandler() -> None:
+    import faulthandler
+
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor (a test's capture)
+        pass
+
+
+def _add_constants(flow_cls: type[FlowSpec], artifacts: dict[str, dict], parents: list[dict],
+                   store: BlobStore) -> None:
+    """Class-level constants are artifacts of every task, as in Metaflow (`run.data.LIMIT`): the start task
+    stores them, a join carries them over from its first input; one that cannot be stored is left out."""
+    for name in flow_cls._constant_names():
+        if name in artifacts:
+            continue
+        desc = next((m["artifacts"][name] for m in parents if name in (m.get("artifacts") or {})), None)
+        if desc is None and not parents:
+            try:
+                desc = save_artifact(store, getattr(flow_cls, name), name=name)
+            except Exception:  # noqa: BLE001 - e.g. a lock or a client object: readable in steps, not stored
+                continue
+        if desc is not None:
+            artifacts[name] = desc
+
+
+def _user_tags(flow_cls: type[FlowSpec], tags: list[str]) -> set[str]:
+    """`current.tags`, as Metaflow's: the run's user tags (`--tag`), not its system tags (@project's, which
+    come first in a spec); a user's own `project:x` tag stays."""
+    from ..flow.decorators import get_flow_decorator
+    from ..flow.project import BRANCH_TAG, PROJECT_TAG
+
+    rest = list(tags)
+    if get_flow_decorator(flow_cls, "project") is not None:
+        for prefix in (PROJECT_TAG, BRANCH_TAG):
+            first = next((t for t in rest if t.startswith(prefix)), None)
+            if first is not None:
+                rest.remove(first)
+    return set(rest)
 
 
 def _remove_on_sigterm(path: str) -> bool:
@@ -224,7 +288,12 @@ def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph) -> dict[str, 
         return {"steps": []}
     if t is None:
         raise StokerError(f"step {node.name} did not call self.next() (it must be the last statement)")
-    if t["steps"] != node.out_funcs:
+    if node.kind == "switch":  # the chosen case: one of the steps the source names
+        if t.get("condition") is None or len(t["steps"]) != 1 or t["steps"][0] not in node.out_funcs:
+            raise StokerError(f"step {node.name} is a switch in its source but called self.next("
+                              f"{', '.join(t['steps'])}); call self.next({{...}}, condition={node.condition!r}) once")
+        return {"steps": t["steps"], "condition": t["condition"]}
+    if t.get("condition") is not None or t["steps"] != node.out_funcs:
         raise StokerError(f"step {node.name} called self.next({', '.join(t['steps'])}) but its source says "
                           f"self.next({', '.join(node.out_funcs)}); self.next must be static")
     out: dict[str, Any] = {"steps": t["steps"]}
@@ -279,4 +348,5 @@ def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str
     with open(spec_path) as f:
         spec = TaskSpec.from_json(f.read())
     apply_with(flow_cls, spec.with_decorators)
+    bind_task_configs(flow_cls, spec)  # config values in decorators, as the run bound them
     return run_task(flow_cls, spec)

@@ -6,6 +6,7 @@ See docs/store.md. Importing this package never imports torch.
 from stoker.store.artifacts import artifact_blobs, load_artifact, save_artifact
 from stoker.store.blob import BlobStore, LocalBlobStore, open_store
 from stoker.store.client import DataArtifact, Flow, Metaflow, Run, Step, Task, TaskData, TaskException
+from stoker.store.client_base import Metadata, default_metadata, get_metadata  # not metadata(): the submodule
 from stoker.store.manifest import (
     attempt_prefix,
     clone_manifest,
@@ -33,7 +34,8 @@ from stoker.store.paths import current_user, default_db_path, default_store_url,
 from stoker.store.records import ArtifactRecord, AttemptRecord, RunRecord, StepRecord, TaskRecord
 
 __all__ = [
-    "ArtifactRecord", "AttemptRecord", "BlobStore", "DataArtifact", "Flow", "LocalBlobStore", "Metaflow",
+    "ArtifactRecord", "AttemptRecord", "BlobStore", "DataArtifact", "Flow", "LocalBlobStore", "Metadata", "Metaflow",
+    "default_metadata", "get_metadata",
     "MetaflowNamespaceMismatch", "MetaflowNotFound", "MetadataDB", "NamespaceMismatch", "NotFound", "Run",
     "RunRecord", "Step", "StepRecord", "Task", "TaskData", "TaskException", "TaskRecord", "artifact_blobs",
     "attempt_prefix", "clone_manifest", "current_user", "default_db_path", "default_namespace", "default_store_url",

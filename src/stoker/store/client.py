@@ -20,24 +20,34 @@ from stoker.store.blob import BlobStore
 from stoker.store.client_base import (
     ClientObject,
     DataArtifact,
+    Metadata,
+    TagMutations,
     TaskData,
     TaskException,
+    client_db,
     dt_or_none,
     split_pathspec,
 )
+from stoker.store.client_lineage import (
+    child_task_pathspecs,
+    loglines,
+    parent_task_pathspecs,
+    run_graph,
+    task_metadata,
+)
 from stoker.store.manifest import log_name
 from stoker.store.metadata import MetadataDB
-from stoker.store.namespaces import NotFound, check_namespace, default_db, get_namespace
+from stoker.store.namespaces import NotFound, check_namespace, get_namespace
 from stoker.store.records import ArtifactRecord, RunRecord, TaskRecord
 
-__all__ = ["DataArtifact", "Flow", "Metaflow", "Run", "Step", "Task", "TaskData", "TaskException"]
+__all__ = ["DataArtifact", "Flow", "Metadata", "Metaflow", "Run", "Step", "Task", "TaskData", "TaskException"]
 
 
 class Metaflow:
     """Entry point listing every flow in the metadata index."""
 
     def __init__(self, *, db: MetadataDB | None = None, store: BlobStore | None = None) -> None:
-        self._db = db if db is not None else default_db()
+        self._db = db if db is not None else client_db()
         self._store = store
 
     @property
@@ -64,6 +74,9 @@ class Flow(ClientObject):
         if not self._db.has_flow(self.id):
             raise NotFound(f"flow {self.id!r} has no runs recorded in {self._db.path} (check the name, and "
                            f"STOKER_HOME if the runs were made elsewhere)")
+
+    def _run_tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (), ()  # as Metaflow's: a flow carries no tags of its own, its runs do
 
     def runs(self, *tags: str) -> Iterator[Run]:
         """Runs carrying all ``tags`` (and the namespace's tag), newest first."""
@@ -95,7 +108,7 @@ class Flow(ClientObject):
         return next((r for r in self.runs() if r.successful), None)
 
 
-class Run(ClientObject):
+class Run(TagMutations, ClientObject):
     """A run of a flow: ``Run("Flow/run_id")``."""
 
     def __init__(self, pathspec: str, *, db: MetadataDB | None = None, store: BlobStore | None = None,
@@ -143,21 +156,9 @@ class Run(ClientObject):
     def user(self) -> str | None:
         return self._rec.user
 
-    @property
-    def tags(self) -> frozenset[str]:
-        return frozenset(self._refresh_tags().tags)
-
-    @property
-    def user_tags(self) -> frozenset[str]:
-        return frozenset(self._refresh_tags().user_tags)
-
-    @property
-    def system_tags(self) -> frozenset[str]:
-        return frozenset(self._refresh_tags().system_tags)
-
-    def _refresh_tags(self) -> RunRecord:
-        self.status  # noqa: B018
-        return self._rec
+    def _run_tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        self.status  # noqa: B018 - refresh
+        return self._rec.user_tags, self._rec.system_tags
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -174,17 +175,11 @@ class Run(ClientObject):
         """The run this one resumed, if any."""
         return self._rec.origin_run_id
 
-    def add_tag(self, tag: str) -> None:
-        self.add_tags([tag])
-
-    def add_tags(self, tags: list[str] | tuple[str, ...]) -> None:
-        self._db.add_tags(self.flow_name, self.id, tags)
-
-    def remove_tag(self, tag: str) -> None:
-        self.remove_tags([tag])
-
-    def remove_tags(self, tags: list[str] | tuple[str, ...]) -> None:
-        self._db.remove_tags(self.flow_name, self.id, tags)
+    @property
+    def origin_pathspec(self) -> str | None:
+        """``Flow/run_id`` of the run this one resumed, None if it resumed none. (Metaflow 2.19 gives
+        ``Flow/None`` for a run that is not a resume.)"""
+        return f"{self.flow_name}/{self._rec.origin_run_id}" if self._rec.origin_run_id else None
 
     def steps(self) -> Iterator[Step]:
         """The run's steps, most recently started first (as Metaflow)."""
@@ -255,8 +250,33 @@ class Step(ClientObject):
         rec = self._db.get_step(self.flow_name, self.run_id, self.id)
         return dt_or_none(rec.finished_at if rec else None)
 
-    def tasks(self) -> Iterator[Task]:
-        """The step's tasks, in foreach-index then task-id order."""
+    @property
+    def origin_pathspec(self) -> str | None:
+        """``Flow/origin_run/step`` when the run resumed another one, else None."""
+        origin = self.parent.origin_pathspec
+        return f"{origin}/{self.id}" if origin else None
+
+    def _graph(self) -> dict[str, list[str]]:
+        return run_graph(self._store, self.flow_name, self.run_id)
+
+    @property
+    def parent_steps(self) -> Iterator[Step]:
+        """The steps that lead to this one in the flow's graph (none for ``start``), as in Metaflow."""
+        run = f"{self.flow_name}/{self.run_id}"
+        return iter([Step(f"{run}/{name}", **self._kw()) for name, nxt in self._graph().items()
+                     if self.id in nxt and self._db.get_step(self.flow_name, self.run_id, name) is not None])
+
+    @property
+    def child_steps(self) -> Iterator[Step]:
+        """The steps this one leads to in the flow's graph (none for ``end``), those the run has reached."""
+        run = f"{self.flow_name}/{self.run_id}"
+        return iter([Step(f"{run}/{name}", **self._kw()) for name in self._graph().get(self.id, [])
+                     if self._db.get_step(self.flow_name, self.run_id, name) is not None])
+
+    def tasks(self, *tags: str) -> Iterator[Task]:
+        """The step's tasks, in foreach-index then task-id order (``tags``: only if the run has them all)."""
+        if tags and not set(tags) <= self.tags:
+            return iter([])
         recs = self._db.list_tasks(self.flow_name, self.run_id, self.id)
         return iter([Task(t.pathspec, _record=t, **self._kw()) for t in recs])
 
@@ -287,6 +307,7 @@ class Task(ClientObject):
         if rec is None:
             raise NotFound(f"task {self.pathspec} does not exist")
         self._rec = rec
+        self._asked_attempt = attempt
         self._attempt_no = rec.attempt if attempt is None else int(attempt)
         self._attempt = self._db.get_attempt(flow, run_id, step, task_id, self._attempt_no)
         if self._attempt is None:
@@ -355,12 +376,32 @@ class Task(ClientObject):
 
     @property
     def origin_pathspec(self) -> str | None:
-        """The task this one was cloned from by ``resume``, if any."""
-        return self._m("origin_task")
+        """``Flow/origin_run/step/task`` of the task this one was cloned from by ``resume``, else None."""
+        origin = self._m("origin_task")
+        step = self.parent.origin_pathspec if origin else None
+        return f"{step}/{origin.rsplit('/', 1)[-1]}" if step else origin
+
+    @property
+    def parent_tasks(self) -> Iterator[Task]:
+        """The tasks whose outputs this one took as inputs (none for ``start``)."""
+        return iter([Task(p, **self._kw()) for p in parent_task_pathspecs(self)])
+
+    @property
+    def child_tasks(self) -> Iterator[Task]:
+        """The tasks that took this one's outputs as inputs (none for ``end``, nor before they start)."""
+        return iter([Task(p, **self._kw()) for p in child_task_pathspecs(self)])
+
+    @property
+    def parent_task_pathspecs(self) -> Iterator[str]:
+        return iter(parent_task_pathspecs(self))
+
+    @property
+    def child_task_pathspecs(self) -> Iterator[str]:
+        return iter(child_task_pathspecs(self))
 
     @property
     def exception(self) -> TaskException | None:
-        """What the attempt raised (None if it succeeded)."""
+        """What the attempt raised (None if it succeeded or @catch caught it)."""
         exc = self._m("exception")
         return None if not exc else TaskException(exc.get("type", ""), exc.get("message", ""),
                                                   exc.get("traceback", ""))
@@ -381,6 +422,27 @@ class Task(ClientObject):
     @property
     def stderr(self) -> str:
         return self._log("stderr")
+
+    @property
+    def stdout_size(self) -> int:
+        """Bytes of the attempt's stdout so far."""
+        return len(self._log("stdout").encode())
+
+    @property
+    def stderr_size(self) -> int:
+        """Bytes of the attempt's stderr so far."""
+        return len(self._log("stderr").encode())
+
+    def loglines(self, stream: str, as_unicode: bool = True, meta_dict: dict | None = None
+                 ) -> Iterator[tuple[datetime | None, str | bytes]]:
+        """``(timestamp, line)`` for each line of ``stream`` ("stdout" or "stderr"), as Metaflow's. stoker does
+        not stamp each line: the timestamp is when the attempt started (naive UTC, as Metaflow's)."""
+        return loglines(self, stream, as_unicode)
+
+    @property
+    def runtime_name(self) -> str:
+        """The runtime the task ran on: ``dev`` (stoker's scheduler), as Metaflow's local runs say."""
+        return "dev"
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
@@ -404,19 +466,17 @@ class Task(ClientObject):
                 for a in self._db.list_attempts(self.flow_name, self.run_id, self.step_name, self.id)]
 
     @property
-    def metadata_dict(self) -> dict[str, str]:
-        """Metadata of the attempt as strings (attempt, user, hostname, times, origin...)."""
-        a = self._attempt
-        assert a is not None
-        out = {"attempt": str(a.attempt), "status": a.status, "user": a.user or "",
-               "hostname": a.hostname or "", "started_at": str(a.started_at or ""),
-               "finished_at": str(a.finished_at or ""), "retry_count": str(self.retry_count)}
-        for key in ("origin_task", "catch_var"):
-            if self._m(key):
-                out[key] = str(self._m(key))
-        if self.parallel:
-            out.update({f"parallel_{k}": str(v) for k, v in self.parallel.items()})
-        return out
+    def metadata(self) -> list[Metadata]:
+        """Metadata events of every attempt of the task (of this attempt only if one was asked for), with
+        Metaflow's names: ``attempt``, ``origin-run-id``, ``origin-task-id`` (cloned tasks), ``user``, ``runtime``,
+        ``script-name``, ``ds-type``, ``ds-root``, ``foreach-execution-path``, ``attempt_ok``, ``attempt-done``,
+        plus stoker's ``hostname``, ``status``, ``retry_count``, ``catch_var`` and ``parallel_*``."""
+        return task_metadata(self)
+
+    @property
+    def metadata_dict(self) -> dict[str, Any]:
+        """:attr:`metadata` as {name: value}, the newest event of each name (the latest attempt's)."""
+        return {m.name: m.value for m in sorted(self.metadata, key=lambda m: m.created_at)}
 
     def _records(self) -> list[ArtifactRecord]:
         return self._db.list_artifacts(self.flow_name, self.run_id, self.step_name, self.id, self._attempt_no)

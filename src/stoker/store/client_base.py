@@ -2,20 +2,89 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import builtins
+import os
+import threading
+from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from stoker.errors import ConfigError, StoreError
 from stoker.store.artifacts import load_artifact
-from stoker.store.blob import BlobStore
+from stoker.store.blob import BlobStore, open_store
 from stoker.store.metadata import MetadataDB
 from stoker.store.namespaces import NotFound, default_db, default_store
+from stoker.store.paths import home_dir
 from stoker.store.records import ArtifactRecord
 
 if TYPE_CHECKING:
     from stoker.store.client import Task
 
 _MISSING = object()
+_home: Path | None = None  # set by metadata(): the stoker home the client reads instead of the default one
+_lock = threading.Lock()
+_dbs: dict[Path, MetadataDB] = {}
+
+
+class Metadata(NamedTuple):
+    """One metadata event of a task (Metaflow's ``Metadata``): ``created_at`` is epoch milliseconds."""
+
+    name: str
+    value: Any
+    created_at: int
+    type: str
+    task: Any
+
+
+def client_db() -> MetadataDB:
+    """The metadata index the client reads: the one chosen with :func:`metadata`, else the default one."""
+    if _home is None:
+        return default_db()
+    path = _home / "metadata.db"
+    with _lock:
+        if path not in _dbs:
+            _dbs[path] = MetadataDB(path)
+        return _dbs[path]
+
+
+def client_store() -> BlobStore:
+    """The blob store the client reads: ``<home>/store`` of the home chosen with :func:`metadata` (unless
+    ``$STOKER_STORE`` names one), else the default store."""
+    if _home is None or os.environ.get("STOKER_STORE"):
+        return default_store()
+    return open_store(str(_home / "store"))
+
+
+def get_metadata() -> str:
+    """Where the client reads runs from, as Metaflow writes it: ``local@<stoker home>``."""
+    return f"local@{_home if _home is not None else home_dir()}"
+
+
+def metadata(ms: str) -> str:
+    """Read runs from another stoker home: ``metadata("local@/path/home")`` or ``metadata("/path/home")`` (a
+    folder holding a ``metadata.db``). Global, like Metaflow's; returns :func:`get_metadata`."""
+    global _home
+    kind, at, info = str(ms).partition("@")
+    if not at:
+        kind, info = ("service" if ms.startswith("http") else "local"), ms
+    if kind != "local":
+        raise ConfigError(f"metadata({ms!r}): stoker keeps its metadata in a local index only; pass "
+                          f"'local@<stoker home>' or a folder holding a metadata.db")
+    path = Path(info).expanduser().resolve()
+    if not (path / "metadata.db").is_file():
+        raise StoreError(f"metadata({ms!r}): {path} holds no metadata.db; give a stoker home (a folder where "
+                         f"runs were made, i.e. a STOKER_HOME)")
+    _home = path
+    return get_metadata()
+
+
+def default_metadata() -> str:
+    """Read runs from the default stoker home again (``$STOKER_HOME`` or ``./.stoker``); returns
+    :func:`get_metadata`."""
+    global _home
+    _home = None
+    return get_metadata()
 
 
 def dt_or_none(ts: float | None) -> datetime | None:
@@ -38,14 +107,34 @@ class ClientObject:
     def __init__(self, pathspec: str, db: MetadataDB | None, store: BlobStore | None) -> None:
         self.pathspec = pathspec
         self.id = pathspec.rsplit("/", 1)[-1]
-        self._db = db if db is not None else default_db()
+        self._db = db if db is not None else client_db()
         self._store_obj = store
 
     @property
     def _store(self) -> BlobStore:
         if self._store_obj is None:
-            self._store_obj = default_store()
+            self._store_obj = client_store()
         return self._store_obj
+
+    def _run_tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(user tags, system tags) of the run this object belongs to (none for a flow)."""
+        parts = self.pathspec.split("/")
+        rec = self._db.get_run(parts[0], parts[1]) if len(parts) > 1 else None
+        return (rec.user_tags, rec.system_tags) if rec is not None else ((), ())
+
+    @property
+    def tags(self) -> frozenset[str]:
+        """User and system tags of the run this object belongs to (a Flow has none, as in Metaflow)."""
+        user, system = self._run_tags()
+        return frozenset(user + system)
+
+    @property
+    def user_tags(self) -> frozenset[str]:
+        return frozenset(self._run_tags()[0])
+
+    @property
+    def system_tags(self) -> frozenset[str]:
+        return frozenset(self._run_tags()[1])
 
     @property
     def path_components(self) -> list[str]:
@@ -65,14 +154,70 @@ class ClientObject:
         return hash((type(self).__name__, self.pathspec))
 
 
+class TagMutations:
+    """Run's tag changes, as Metaflow's (``add_tag`` and friends, all through :meth:`replace_tags`)."""
+
+    _db: MetadataDB
+    flow_name: str
+    id: str
+    status: str
+
+    def add_tag(self, tag: str | Iterable[str]) -> None:
+        """Add a user tag (a tag that is already a system tag is not added, and that is no error)."""
+        self.replace_tags([], [tag] if isinstance(tag, (str, bytes)) else tag)
+
+    def add_tags(self, tags: Iterable[str]) -> None:
+        """Add user tags (see :meth:`add_tag`); a string is one tag, as in Metaflow."""
+        self.replace_tag([], tags)
+
+    def remove_tag(self, tag: str | Iterable[str]) -> None:
+        """Remove a user tag: removing a system tag is an error, removing a missing tag is a no-op."""
+        self.replace_tags([tag] if isinstance(tag, (str, bytes)) else tag, [])
+
+    def remove_tags(self, tags: Iterable[str]) -> None:
+        """Remove user tags (see :meth:`remove_tag`)."""
+        self.replace_tags(tags, [])
+
+    def replace_tag(self, tag_to_remove: str | Iterable[str], tag_to_add: str | Iterable[str]) -> None:
+        """Remove a tag and add one atomically, the removal first."""
+        self.replace_tags([tag_to_remove] if isinstance(tag_to_remove, (str, bytes)) else tag_to_remove,
+                          [tag_to_add] if isinstance(tag_to_add, (str, bytes)) else tag_to_add)
+
+    def replace_tags(self, tags_to_remove: Iterable[str], tags_to_add: Iterable[str]) -> None:
+        """Remove and add user tags atomically, the removals first, with Metaflow's rules (at least one tag,
+        each a non-empty string of at most 500 characters, at most 50 user tags, no system tag removed)."""
+        for name, arg in (("tags_to_add", tags_to_add), ("tags_to_remove", tags_to_remove)):
+            if isinstance(arg, (str, bytes)):
+                raise StoreError(f"{name} may not be a string: pass a list of tags")
+            if not isinstance(arg, Iterable):
+                raise StoreError(f"{name} must be iterable (a list of tags)")
+        remove, add = list(tags_to_remove or []), list(tags_to_add or [])
+        if not remove and not add:
+            raise StoreError("Must add or remove at least one tag")
+        self._db.mutate_tags(self.flow_name, self.id, remove=remove, add=add)
+        self.status  # noqa: B018 - refresh the tags
+
+
 class TaskException:
-    """The exception an attempt raised: ``type``, ``message`` and ``traceback`` (text)."""
+    """The exception an attempt raised, with the fields of Metaflow's ``MetaflowExceptionWrapper``: ``type``
+    (``module.Class``, e.g. ``builtins.ValueError``), ``exception`` (the message, also ``message``) and
+    ``stacktrace`` (the traceback text, also ``traceback``); ``str()`` is the stacktrace, as in Metaflow."""
 
     def __init__(self, type: str, message: str, traceback: str) -> None:
+        if type and "." not in type and isinstance(getattr(builtins, type, None), builtins.type):
+            type = f"builtins.{type}"
         self.type, self.message, self.traceback = type, message, traceback
 
+    @property
+    def exception(self) -> str:
+        return self.message
+
+    @property
+    def stacktrace(self) -> str:
+        return self.traceback
+
     def __str__(self) -> str:
-        return f"{self.type}: {self.message}"
+        return self.traceback or f"[no stacktrace]\n{self.type}: {self.message}"
 
     def __repr__(self) -> str:
         return f"TaskException({self.type!r}, {self.message!r})"

@@ -28,6 +28,7 @@ from stoker.errors import ConfigError, StoreError
 from stoker.store.fsinfo import MOUNTS_FILE, filesystem_type, is_network_fs
 from stoker.store.manifest import list_manifests, validate_manifest
 from stoker.store.records import (
+    MAX_USER_TAG_SET_SIZE,
     RUN_STATUSES,
     ArtifactRecord,
     AttemptRecord,
@@ -273,6 +274,29 @@ class MetadataDB:
                     raise StoreError(f"{tag!r} is a system tag of run {flow}/{run_id} and cannot be removed")
                 c.execute("DELETE FROM tags WHERE flow=? AND run_id=? AND tag=?", (flow, run_id, tag))
 
+    def mutate_tags(self, flow: str, run_id: str, remove: Iterable[str] = (), add: Iterable[str] = ()) -> set[str]:
+        """Remove then add user tags of a run in one transaction, with Metaflow's rules; return the user tags.
+
+        Removing a system tag is an error, adding one changes nothing, removing a missing tag is a no-op, and
+        a run may carry at most 50 user tags (a larger set may only shrink)."""
+        remove, add = [check_tag(t) for t in remove], [check_tag(t) for t in add]
+        with self._tx() as c:
+            self._require_run(c, flow, run_id)
+            rows = c.execute("SELECT tag, system FROM tags WHERE flow=? AND run_id=?", (flow, run_id)).fetchall()
+            system = {t for t, s in rows if s}
+            user = {t for t, s in rows if not s}
+            if set(remove) & system:
+                raise StoreError(f"Cannot remove a tag that is an existing system tag ({sorted(set(remove) & system)}) "
+                                 f"of run {flow}/{run_id}: only user tags can be removed")
+            final = (user - set(remove)) | (set(add) - system)
+            if len(final) > MAX_USER_TAG_SET_SIZE and len(final) > len(user):
+                raise StoreError(f"Cannot increase size of tag set beyond {MAX_USER_TAG_SET_SIZE} (run {flow}/{run_id} "
+                                 f"would have {len(final)} user tags): remove some first")
+            for tag in user - final:
+                c.execute("DELETE FROM tags WHERE flow=? AND run_id=? AND tag=? AND system=0", (flow, run_id, tag))
+            self._insert_tags(c, flow, run_id, sorted(final - user), system=False)
+        return final
+
     @staticmethod
     def _require_run(c: sqlite3.Connection, flow: str, run_id: str) -> None:
         if not c.execute("SELECT 1 FROM runs WHERE flow=? AND run_id=?", (flow, run_id)).fetchone():
@@ -338,7 +362,8 @@ class MetadataDB:
         if record is not None and self.get_run(flow, run_id) is None:
             self.create_run(flow, run_id, user=record["user"], tags=record.get("tags", ()),
                             params=record["params"], config=record.get("config"),
-                            origin_run_id=record.get("origin_run_id"), created_at=record.get("created_at"))
+                            origin_run_id=record.get("origin_run_id"), created_at=record.get("created_at"),
+                            system_tags=record.get("system_tags", ()))  # e.g. @project's
         if record is not None and record.get("status", "running") != "running":
             self.set_run_status(flow, run_id, record["status"], finished_at=record.get("finished_at"))
         names = list_manifests(store, flow, run_id)

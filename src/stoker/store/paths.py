@@ -27,12 +27,17 @@ def default_cache_dir() -> Path:
     return home_dir() / "cache"
 
 
+USER_VARS = ("STOKER_USER", "METAFLOW_USER", "SUDO_USER", "USERNAME", "USER")
+
+
 def current_user() -> str:
-    """The user name runs are tagged with: ``$STOKER_USER``, ``$USER``, ``$USERNAME`` or the login name."""
-    for var in ("STOKER_USER", "USER", "USERNAME"):
-        value = os.environ.get(var)
-        if value:
-            return value
+    """The user name runs are tagged with: the first of ``$STOKER_USER``, ``$METAFLOW_USER``, ``$SUDO_USER``,
+    ``$USERNAME``, ``$USER`` that is set and not ``root`` (Metaflow's order, stoker's own variable first), else
+    ``root`` when one says so, else the login name."""
+    values = [v for v in (os.environ.get(var) for var in USER_VARS) if v]
+    named = [v for v in values if v != "root"]
+    if named or values:
+        return (named or values)[0]
     try:
         return getpass.getuser()
     except Exception:  # no passwd entry (containers)

@@ -17,10 +17,28 @@ def natural_key(text: str) -> tuple:
     return (0, int(text), "") if text.isdigit() else (1, 0, text)
 
 
+MAX_TAG_SIZE = 500  # Metaflow's limits (metaflow/tagging_util.py)
+MAX_USER_TAG_SET_SIZE = 50
+
+
 def check_tag(tag: str) -> str:
-    """Return ``tag`` if it is a valid tag (non-empty string, at most 512 characters)."""
-    if not isinstance(tag, str) or not tag.strip() or len(tag) > 512:
-        raise StoreError(f"invalid tag {tag!r}: tags are non-empty strings of at most 512 characters")
+    """Return ``tag`` if it is a valid tag as Metaflow defines one: a non-empty UTF-8 string (bytes are decoded)
+    of at most 500 characters."""
+    if isinstance(tag, bytes):
+        try:
+            tag = tag.decode("utf-8")
+        except UnicodeError:
+            raise StoreError(f"invalid tag {tag!r}: tags must be UTF-8 decodable") from None
+    if not isinstance(tag, str):
+        raise StoreError(f"invalid tag {tag!r}: tags must be strings, got {type(tag).__name__}")
+    try:
+        tag.encode("utf-8")
+    except UnicodeError:
+        raise StoreError(f"invalid tag {tag!r}: tags must be UTF-8 encodable") from None
+    if not tag.strip():
+        raise StoreError(f"invalid tag {tag!r}: tags must not be empty")
+    if len(tag) > MAX_TAG_SIZE:
+        raise StoreError(f"invalid tag {tag[:40]!r}...: tag is too long {len(tag)} > {MAX_TAG_SIZE}")
     return tag
 
 

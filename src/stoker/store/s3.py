@@ -1,7 +1,8 @@
 """The blob store on S3 (or any S3 API: MinIO, moto) with a local download cache.
 
 Same layout as the local store under ``s3://bucket/prefix``. S3 PUTs are atomic, so named objects need
-no temp+rename; large blobs go up with boto3's managed (multipart) transfer. Downloaded blobs are kept
+no temp+rename; every transfer goes through :mod:`stoker.store.objects_s3` (large blobs as parallel
+multipart uploads and ranged downloads). Downloaded blobs are kept
 in a local cache (``$STOKER_HOME/cache`` by default) so ``blob_path`` can hand numpy a real file.
 
 Nothing read from S3 is trusted: every download is hashed and must match its key (a blob overwritten
@@ -17,13 +18,14 @@ import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stoker._s3 import s3_client
 from stoker.errors import StoreError
-from stoker.store.blob import BlobStore, check_key, check_name, hash_file
+from stoker.store.blob_base import BlobStore, check_key, check_name, hash_file
+from stoker.store.objects import TransferConfig
+from stoker.store.objects_s3 import S3Objects
 from stoker.store.paths import default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -33,39 +35,17 @@ class _CorruptBlob(StoreError):
     """A blob whose content in S3 does not hash to its key."""
 
 
-def _is_missing(err: Exception) -> bool:
-    code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound")
-
-
-@contextlib.contextmanager
-def _s3_errors(what: str, url: str) -> Iterator[None]:
-    """Turn botocore failures into StoreErrors that say what was being done and how to fix it."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as e:  # botocore raises many unrelated classes
-        if type(e).__module__.startswith(("botocore", "boto3", "s3transfer")):
-            raise StoreError(
-                f"S3 store {url}: {what} failed: {e}. Check the bucket exists, your AWS credentials, and "
-                f"STOKER_S3_ENDPOINT_URL when using an S3-compatible server"
-            ) from e
-        raise
-
-
 class S3BlobStore(BlobStore):
-    """A blob store at ``s3://bucket/prefix``; ``client`` is a boto3 S3 client (created if omitted,
-    with ``endpoint_url`` from ``$STOKER_S3_ENDPOINT_URL``)."""
+    """A blob store at ``s3://bucket/prefix``; ``client`` is a boto3 S3 client (created if omitted, see
+    :func:`stoker.store.objects_s3.s3_client`), ``config`` the transfer settings (default: ``$STOKER_S3_*``)."""
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
-                 cache_dir: str | os.PathLike | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, config: TransferConfig | None = None) -> None:
         if not bucket:
             raise StoreError("an S3 store URL needs a bucket: s3://bucket/prefix")
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self.client = client if client is not None else s3_client(StoreError, "the S3 store")
+        self.objects = S3Objects(bucket, prefix, client=client, error=StoreError, config=config)
+        self.bucket, self.prefix, self.url = bucket, self.objects.prefix, self.objects.url
+        self.client = self.objects.client
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._cache_blobs = self.cache_dir / "blobs"
         self._cache_tmp = self.cache_dir / ".tmp"
@@ -84,9 +64,14 @@ class S3BlobStore(BlobStore):
     def _k(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
-    def _blob_key(self, key: str) -> str:
+    @staticmethod
+    def _blob_rel(key: str) -> str:
+        """The object key of blob ``key`` relative to the store's root."""
         check_key(key)
-        return self._k(f"blobs/{key[:2]}/{key}")
+        return f"blobs/{key[:2]}/{key}"
+
+    def _blob_key(self, key: str) -> str:
+        return self._k(self._blob_rel(key))
 
     def _cache_file(self, key: str) -> Path:
         return self._cache_blobs / key[:2] / key
@@ -142,30 +127,6 @@ class S3BlobStore(BlobStore):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def _absent(self, err: Exception, s3key: str) -> bool:
-        """Is `s3key` missing? S3 answers 403, not 404, for a missing key to a caller who may read objects but
-        not list the whole bucket (a job role limited to the store's prefix): a listing of the key settles it."""
-        if _is_missing(err):
-            return True
-        code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
-        if code not in ("403", "AccessDenied", "Forbidden"):
-            return False
-        try:
-            found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=s3key, MaxKeys=1).get("Contents", [])
-        except Exception:  # noqa: BLE001 - cannot list either: it is a real permission problem
-            return False
-        return not any(o.get("Key") == s3key for o in found)
-
-    def _head(self, s3key: str) -> bool:
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=s3key)
-            return True
-        except Exception as e:
-            if self._absent(e, s3key):
-                return False
-            with _s3_errors(f"checking {s3key}", self.url):
-                raise
-
     def _keep_in_cache(self, tmp: str, key: str, *, verified: bool) -> None:
         """Move the file ``tmp`` into the cache as blob ``key``. Unless ``verified`` (hashed while written),
         it is hashed first: a file that does not match its key is deleted and a StoreError raised."""
@@ -185,10 +146,8 @@ class S3BlobStore(BlobStore):
     # --- blobs -------------------------------------------------------------------------------------
     def put_bytes(self, data: bytes | memoryview) -> str:
         key = hashlib.sha256(data).hexdigest()
-        s3key = self._blob_key(key)
-        if not self._head(s3key):
-            with _s3_errors(f"uploading blob {key}", self.url):
-                self.client.put_object(Bucket=self.bucket, Key=s3key, Body=bytes(data))
+        if not self.objects.exists(self._blob_rel(key)):
+            self.objects.put_bytes(self._blob_rel(key), data)
         return key
 
     def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
@@ -208,10 +167,8 @@ class S3BlobStore(BlobStore):
         return key
 
     def _upload(self, path: str | os.PathLike, key: str) -> None:
-        s3key = self._blob_key(key)
-        if not self._head(s3key):
-            with _s3_errors(f"uploading blob {key}", self.url):
-                self.client.upload_file(os.fspath(path), self.bucket, s3key)
+        if not self.objects.exists(self._blob_rel(key)):
+            self.objects.put_file(self._blob_rel(key), path)
 
     def put_file(self, path: str | os.PathLike, move: bool = False) -> str:
         path = Path(path)
@@ -227,7 +184,7 @@ class S3BlobStore(BlobStore):
         cached = self._cached(check_key(key))
         if cached is not None:
             return cached.read_bytes()
-        data = self._get(self._blob_key(key), f"blob {key}", f"blob {key} is missing from the store {self.url}")
+        data = self._get(self._blob_rel(key), f"blob {key} is missing from the store {self.url}")
         if (got := hashlib.sha256(data).hexdigest()) != key:
             raise self._corrupt(key, got)
         return data
@@ -237,13 +194,12 @@ class S3BlobStore(BlobStore):
         if dest is not None:
             return dest
         dest = self._cache_file(key)
-        if not self._head(self._blob_key(key)):
+        if not self.objects.exists(self._blob_rel(key)):
             raise StoreError(f"blob {key} is missing from the store {self.url}")
         fd, tmp = tempfile.mkstemp(dir=self._cache_tmp, prefix="get-")
         os.close(fd)
         try:
-            with _s3_errors(f"downloading blob {key}", self.url):
-                self.client.download_file(self.bucket, self._blob_key(key), tmp)
+            self.objects.get_file(self._blob_rel(key), tmp)
             self._keep_in_cache(tmp, key, verified=False)
         finally:
             if os.path.exists(tmp):
@@ -251,7 +207,7 @@ class S3BlobStore(BlobStore):
         return dest
 
     def has_blob(self, key: str) -> bool:
-        return self._head(self._blob_key(key))
+        return self.objects.exists(self._blob_rel(key))
 
     def verify_blob(self, key: str) -> bool:
         """Whether blob ``key`` matches its key: its cached copy, else a fresh download, is hashed."""
@@ -268,43 +224,27 @@ class S3BlobStore(BlobStore):
 
     # --- named objects -----------------------------------------------------------------------------
     def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
-        with _s3_errors(f"writing {name}", self.url):
-            self.client.put_object(Bucket=self.bucket, Key=self._k(check_name(name)), Body=bytes(data))
+        self.objects.put_bytes(check_name(name), data)  # one PUT: atomic on S3
 
     def read(self, name: str) -> bytes:
-        return self._get(self._k(check_name(name)), name, f"object {name!r} does not exist in the store {self.url}")
+        return self._get(check_name(name), f"object {name!r} does not exist in the store {self.url}")
 
-    def _get(self, s3key: str, what: str, missing: str) -> bytes:
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=s3key)
-        except Exception as e:
-            if self._absent(e, s3key):
-                raise StoreError(missing) from None
-            with _s3_errors(f"reading {what}", self.url):
-                raise
-        return resp["Body"].read()
+    def _get(self, rel: str, missing: str) -> bytes:
+        data = self.objects.try_get_bytes(rel)
+        if data is None:
+            raise StoreError(missing)
+        return data
 
     def exists(self, name: str) -> bool:
-        return self._head(self._k(check_name(name)))
+        return self.objects.exists(check_name(name))
 
     def list(self, prefix: str = "") -> list[str]:
         if prefix:
             check_name(prefix.rstrip("/") or "x")
-        root = self._k("") if self.prefix else ""
-        out: list[str] = []
-        with _s3_errors(f"listing {prefix!r}", self.url):
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=root + prefix)
-            for page in pages:
-                for obj in page.get("Contents", []):
-                    name = obj["Key"][len(root):]
-                    if not name.startswith(("blobs/", ".tmp/")):
-                        out.append(name)
-        return sorted(out)
+        return [o.key for o in self.objects.list(prefix) if not o.key.startswith(("blobs/", ".tmp/"))]
 
     def delete(self, name: str) -> None:
-        with _s3_errors(f"deleting {name}", self.url):
-            self.client.delete_object(Bucket=self.bucket, Key=self._k(check_name(name)))
+        self.objects.delete(check_name(name))
 
     def local_path(self, name: str) -> Path | None:
         return None

@@ -1,6 +1,6 @@
 """Committed, sharded checkpoints with ``torch.distributed.checkpoint`` (DCP).
 
-Layout of a checkpoint folder (a local path or an fsspec URL)::
+Layout of a checkpoint folder (a local path or an object-store URL: ``s3://``, ``gs://`` ...)::
 
     <dir>/step_00000200/   DCP shards (``__<rank>_0.distcp``), ``.metadata``, ``manifest.json``
     <dir>/latest           the name of the newest committed checkpoint
@@ -61,6 +61,7 @@ from stoker.train.checkpoint_files import (  # noqa: F401  (re-exported: hf.py, 
     split,
     verify,
 )
+from stoker.train.checkpoint_objects import ObjectReader, ObjectWriter
 from stoker.train.checkpoint_signing import sign_manifest
 from stoker.train.checkpoint_stage import HostStager
 
@@ -173,7 +174,7 @@ class Checkpointer:
         self.token: str = on_rank0(self._set_up, self.store.url())
 
     def _set_up(self) -> str:
-        self.store.fs.makedirs(self.store.path, exist_ok=True)
+        self.store.makedirs()
         if self.store.local:
             max_age = _tmp_max_age()
             for name in self.store.list():
@@ -216,11 +217,12 @@ class Checkpointer:
             log.info("checkpoint %s staged in %.2fs (written and committed in the background)", name,
                      time.perf_counter() - start)
             return self.store.url(name)
+        writer = self._writer(tmp)
         try:
-            dcp.save(state, storage_writer=self._writer(self.store.url(tmp)))  # the same error on every rank
+            dcp.save(state, storage_writer=writer)  # the same error on every rank
         except ERRORS as e:
             raise self._failed(e, name, tmp) from e
-        self._commit(step, tmp)
+        self._commit(step, tmp, known=getattr(writer, "digests", None))
         log.info("checkpoint %s committed in %.2fs", name, time.perf_counter() - start)
         return self.store.url(name)
 
@@ -228,8 +230,9 @@ class Checkpointer:
         """The background half of an async save: the staged copy written, then committed, over ``pg`` (the
         checkpoint's own gloo group: the training thread keeps the default group to itself)."""
         start = time.perf_counter()
-        dcp.save(staged, storage_writer=self._writer(self.store.url(tmp)), process_group=pg)
-        self._commit(step, tmp, pg)
+        writer = self._writer(tmp)
+        dcp.save(staged, storage_writer=writer, process_group=pg)
+        self._commit(step, tmp, pg, known=getattr(writer, "digests", None))
         log.info("checkpoint %s committed in the background in %.2fs", step_name(step), time.perf_counter() - start)
 
     def wait(self) -> None:
@@ -254,17 +257,18 @@ class Checkpointer:
     def finalize(self) -> None:
         self.wait()
 
-    def _writer(self, url: str) -> Any:
+    def _writer(self, tmp: str) -> Any:
+        """DCP's writer into folder ``tmp``; on an object store every rank streams its shards there as parallel
+        multipart uploads, hashing them on the way (:mod:`stoker.train.checkpoint_objects`)."""
         if self.store.local:
-            return dcp.FileSystemWriter(self.store.fs._strip_protocol(url))
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+            return dcp.FileSystemWriter(self.store.join(tmp))
+        return ObjectWriter(self.store.objects, tmp)
 
-        return FsspecWriter(url)
-
-    def _commit(self, step: int, tmp: str, pg: Any = None) -> None:
-        """Every rank checksums the files it wrote (in parallel), then rank 0 commits (collective over ``pg``)."""
+    def _commit(self, step: int, tmp: str, pg: Any = None, known: dict[str, Any] | None = None) -> None:
+        """Every rank checksums the files it wrote (in parallel; ``known``: hashed while written), then rank 0
+        commits (collective over ``pg``)."""
         _barrier(pg)  # every rank's shards are on storage
-        files = hash_written(self.store, tmp, pg)
+        files = hash_written(self.store, tmp, pg, known)
         on_rank0(lambda: self._commit_files(step, tmp, files), self.store.url(step_name(step)), pg)
 
     def _commit_files(self, step: int, tmp: str, files: dict[str, dict[str, Any]] | None = None) -> None:
@@ -350,11 +354,9 @@ class Checkpointer:
         base, name = split(url)
         store = Store(base)
         if store.local:
-            reader: Any = dcp.FileSystemReader(store.fs._strip_protocol(store.url(name)))
-        else:
-            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-            reader = FsspecReader(store.url(name))
+            reader: Any = dcp.FileSystemReader(store.join(name))
+        else:  # shards come down in parallel, each checked against the manifest before DCP reads it
+            reader = ObjectReader(store.objects, name, manifest["files"])
         try:
             dcp.load(state, storage_reader=reader)
         except ERRORS as e:

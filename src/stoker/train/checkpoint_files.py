@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from stoker.errors import CheckpointError
+from stoker.store.objects import open_objects
 from stoker.train.checkpoint_signing import check_signature
 
 log = logging.getLogger("stoker.train.checkpoint")
@@ -72,6 +74,8 @@ def describe_failure(exc: BaseException, what: str, local_dir: str | None = None
         return one_line(str(exc), 1000)
     err: BaseException | None = exc
     while err is not None and not isinstance(err, OSError):  # DCP wraps each rank's error
+        if isinstance(err, CheckpointError):  # ours, raised inside DCP (a shard that fails its checksum)
+            return one_line(str(err), 1000)
         inner = getattr(err, "failures", None)
         if isinstance(inner, dict) and inner:
             failure = next(iter(inner.values()))
@@ -153,88 +157,117 @@ def agree(error: str | None, pg: Any = None) -> None:
 
 # -- storage ----------------------------------------------------------------------------------------------
 class Store:
-    """The few file operations checkpoints need, on a local folder or an fsspec URL."""
+    """The few file operations checkpoints need, on a local folder or an object store (``s3://`` through boto3,
+    honouring ``$STOKER_S3_ENDPOINT_URL``; ``gs://``, ``az://`` ... through fsspec), via
+    :mod:`stoker.store.objects`. A file's ``full`` name is its local path, or its key in the object store."""
 
     def __init__(self, root: str) -> None:
-        import fsspec
-
-        self.root = root.rstrip("/")
-        self.fs, self.path = fsspec.core.url_to_fs(self.root)
-        self.local = self.fs.protocol in ("file", "local") or "file" in (self.fs.protocol or ())
+        self.root = str(root).rstrip("/") or "/"
+        self.objects = open_objects(self.root, error=CheckpointError)
+        local = self.objects.local_root
+        self.local = local is not None
+        self.path = str(local) if local is not None else ""
 
     def join(self, *parts: str) -> str:
-        return "/".join([self.path, *parts])
+        return os.path.join(self.path, *parts) if self.local else "/".join(parts)
 
     def url(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
     def exists(self, *parts: str) -> bool:
-        return self.fs.exists(self.join(*parts))
+        return os.path.exists(self.join(*parts)) if self.local else self.objects.exists("/".join(parts))
 
     def read_text(self, *parts: str) -> str:
-        with self.fs.open(self.join(*parts), "rb") as f:
-            return f.read().decode("utf-8", errors="replace")  # a flipped bit is a damaged file, not a crash
+        if self.local:
+            with open(self.join(*parts), "rb") as f:
+                data = f.read()
+        else:
+            data = self.objects.get_bytes("/".join(parts))
+        return data.decode("utf-8", errors="replace")  # a flipped bit is a damaged file, not a crash
 
     def write_atomic(self, text: str, *parts: str) -> None:
+        if not self.local:
+            self.objects.put_bytes("/".join(parts), text.encode())  # a single PUT is atomic on object stores
+            return
         target = self.join(*parts)
+        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)  # atomic on POSIX
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def makedirs(self) -> None:
         if self.local:
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-            try:
-                with open(tmp, "w") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)  # atomic on POSIX
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-        else:
-            self.fs.pipe(target, text.encode())  # a single PUT is atomic on object stores
+            os.makedirs(self.path, exist_ok=True)
 
     def files(self, name: str) -> dict[str, str]:
-        """relative path -> absolute path of every file of checkpoint ``name`` but its manifest."""
-        base = self.join(name)
-        if not self.local:
-            self.fs.invalidate_cache()  # other ranks and processes wrote here since this process last listed
+        """relative path -> full name of every file of checkpoint ``name`` but its manifest."""
         out = {}
-        for full in self.fs.find(base):
-            rel = full[len(base):].lstrip("/")
-            if rel != MANIFEST:
-                out[rel] = full
+        if self.local:
+            base = self.join(name)
+            for dirpath, _, filenames in os.walk(base):
+                for f in filenames:
+                    full = os.path.join(dirpath, f)
+                    out[os.path.relpath(full, base).replace(os.sep, "/")] = full
+        else:
+            for o in self.objects.list(f"{name}/"):
+                out[o.key[len(name) + 1:]] = o.key
+        out.pop(MANIFEST, None)
         return out
+
+    def sizes(self, name: str) -> dict[str, int]:
+        """relative path -> size of every file of ``name`` (one listing on an object store)."""
+        if self.local:
+            return {rel: os.stat(full).st_size for rel, full in self.files(name).items()}
+        return {o.key[len(name) + 1:]: o.size for o in self.objects.list(f"{name}/")}
 
     def sha256(self, full: str) -> tuple[str, int]:
         h, size = hashlib.sha256(), 0
-        with self.fs.open(full, "rb") as f:
+        if not self.local:
+            data = self.objects.get_bytes(full)  # parallel ranged GETs
+            h.update(data)
+            return h.hexdigest(), len(data)
+        with open(full, "rb") as f:
             while chunk := f.read(1 << 22):  # streamed: memory stays flat whatever the file size
                 h.update(chunk)  # hashlib releases the GIL: threads hash files in parallel
                 size += len(chunk)
         return h.hexdigest(), size
 
     def size(self, full: str) -> int | None:
+        if not self.local:
+            return self.objects.size(full)
         try:
-            return os.stat(full).st_size if self.local else int(self.fs.size(full))
+            return os.stat(full).st_size
         except FileNotFoundError:
             return None
 
     def remove(self, name: str) -> None:
-        if self.fs.exists(self.join(name)):
-            self.fs.rm(self.join(name), recursive=True)
+        if self.local:
+            if os.path.isdir(self.join(name)):
+                shutil.rmtree(self.join(name))
+            elif os.path.exists(self.join(name)):
+                os.unlink(self.join(name))
+            return
+        self.objects.delete_many([o.key for o in self.objects.list(f"{name}/")] + [name])
 
     def list(self) -> list[str]:
-        if not self.fs.exists(self.path):
-            return []
-        if not self.local:
-            self.fs.invalidate_cache()
-        return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(self.path, detail=False))
+        """Names directly under the root (checkpoint folders, ``latest``)."""
+        if self.local:
+            return sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []
+        return sorted({o.key.split("/", 1)[0] for o in self.objects.list()})
 
     def hash_all(self, name: str) -> dict[str, dict[str, Any]]:
         """{relative path: {sha256, bytes}} of every file of ``name`` (a few files at a time)."""
         return self.hash_files(self.files(name))
 
     def hash_files(self, files: dict[str, str]) -> dict[str, dict[str, Any]]:
-        """{relative path: {sha256, bytes}} of ``files`` (relative path -> absolute path), a few at a time."""
+        """{relative path: {sha256, bytes}} of ``files`` (relative path -> full name), a few at a time."""
         items = sorted(files.items())
         with ThreadPoolExecutor(max_workers=max(1, min(_HASH_THREADS, len(items)))) as pool:
             digests = list(pool.map(lambda item: self.sha256(item[1]), items))
@@ -248,17 +281,19 @@ def writer_rank(rel: str, world: int) -> int:
     return int(m[1]) % world if m else 0
 
 
-def hash_written(store: Store, name: str, pg: Any = None) -> dict[str, dict[str, Any]]:
+def hash_written(store: Store, name: str, pg: Any = None,
+                 known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """{relative path: {sha256, bytes}} of the files of ``name``, each rank hashing the files it wrote (while
     they are likely still in its page cache), all at once; every rank gets the whole, or the same
     CheckpointError. Collective under a process group (``pg``: one of every rank, default the default group).
-    A file a rank did not see (a slow listing) is missing here: the committer hashes what is missing."""
+    A file a rank did not see (a slow listing) is missing here: the committer hashes what is missing.
+    ``known``: the digests of what this rank wrote, hashed while it was written (an object store: no re-read)."""
     rank, world = group()
     mine: dict[str, dict[str, Any]] = {}
     error = None
     try:
-        mine = store.hash_files({rel: full for rel, full in store.files(name).items()
-                                 if writer_rank(rel, world) == rank})
+        mine = dict(known) if known is not None else store.hash_files(
+            {rel: full for rel, full in store.files(name).items() if writer_rank(rel, world) == rank})
     except ERRORS as e:
         error = describe_failure(e, store.url(name))
     if world == 1:
@@ -275,17 +310,20 @@ def hash_written(store: Store, name: str, pg: Any = None) -> dict[str, dict[str,
 
 # -- verification -----------------------------------------------------------------------------------------
 def _check_share(store: Store, name: str, share: dict[str, dict[str, Any]]) -> None:
-    """Sizes first (cheap, and a truncated or missing file needs no hashing), then checksums."""
+    """Sizes first (cheap, and a truncated or missing file needs no hashing), then checksums. On an object store
+    the shards' checksums are checked as they are read (:mod:`stoker.train.checkpoint_objects`: each is then
+    downloaded once, not twice); ``.metadata``, which loading unpickles, is checked here."""
     paths = {rel: store.join(name, rel) for rel in share}
+    sizes = None if store.local else store.sizes(name)  # one listing instead of a HEAD per file
     for rel, meta in share.items():
-        size = store.size(paths[rel])
+        size = store.size(paths[rel]) if sizes is None else sizes.get(rel)
         if size is None:
             raise CheckpointError(f"{store.url(name, rel)} is missing: the checkpoint is incomplete; "
                                   "use an earlier one")
         if size != meta["bytes"]:
             raise CheckpointError(f"{store.url(name, rel)} has {size} bytes, its {MANIFEST} says {meta['bytes']}: "
                                   "the checkpoint is truncated or corrupted; use an earlier one")
-    rels = sorted(share)
+    rels = sorted(rel for rel in share if store.local or not rel.endswith(".distcp"))
     with ThreadPoolExecutor(max_workers=max(1, min(_HASH_THREADS, len(rels)))) as pool:
         digests = list(pool.map(lambda rel: store.sha256(paths[rel])[0], rels))
     for rel, digest in zip(rels, digests, strict=True):
@@ -300,8 +338,6 @@ def verify(store: Store, name: str) -> dict[str, Any]:
     rank, world = group()
     manifest, error = None, None
     try:
-        if not store.local:
-            store.fs.invalidate_cache()
         if not store.exists(name, MANIFEST):
             raise CheckpointError(f"{store.url(name)} has no {MANIFEST}: the checkpoint was never committed "
                                   "(torn write); use an earlier checkpoint")

@@ -308,8 +308,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a TOML file (optional), apply overrides, validate."""
+CONFIG_FORMATS = ("auto", "stoker", "torchtitan")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                config_format: str = "auto") -> TrainConfig:
+    """Read a TOML file (optional), apply overrides, validate.
+
+    ``config_format``: ``stoker``, ``torchtitan`` (a torchtitan JobConfig TOML, see
+    :mod:`stoker.train.torchtitan`) or ``auto`` (torchtitan when the file has its sections, e.g. ``[training]``)."""
+    if config_format not in CONFIG_FORMATS:
+        raise ConfigError(f"--config-format {config_format!r}: use one of {CONFIG_FORMATS}")
     raw: dict[str, Any] = {}
     source = "overrides"
     if path is not None:
@@ -321,6 +330,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
         source = str(p)
+        from stoker.train import torchtitan
+
+        if config_format == "torchtitan" or (config_format == "auto" and torchtitan.is_torchtitan(raw)):
+            return torchtitan.load(raw, list(overrides or []), source)
+    elif config_format == "torchtitan":
+        raise ConfigError("--config-format torchtitan needs --config FILE (a torchtitan TOML)")
     apply_overrides(raw, list(overrides or []))
     return from_dict(raw, source=source)
 

@@ -9,6 +9,8 @@ from stoker.errors import ConfigError
 from stoker.train.model import LlamaConfig
 
 _LLAMA3_ROPE = {"rope_theta": 500000.0, "norm_eps": 1e-5}
+_LLAMA31_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192}
 
 MODEL_CONFIGS: dict[str, LlamaConfig] = {
     # CPU tests: a few thousand parameters per layer, byte-sized vocabulary
@@ -39,6 +41,19 @@ MODEL_CONFIGS: dict[str, LlamaConfig] = {
             "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192,
         }, **_LLAMA3_ROPE,
+    ),
+    # torchtitan's llama3 flavors (``--config-format torchtitan``): debugmodel, 70B and 405B (its 8B is llama3.1-8b)
+    "llama3-debugmodel": LlamaConfig(
+        dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab_size=2048, ffn_dim=768, max_seq_len=131072,
+        rope_scaling=dict(_LLAMA31_SCALING), **_LLAMA3_ROPE,
+    ),
+    "llama3.1-70b": LlamaConfig(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, ffn_dim=28672, max_seq_len=131072,
+        rope_scaling=dict(_LLAMA31_SCALING), **_LLAMA3_ROPE,
+    ),
+    "llama3.1-405b": LlamaConfig(
+        dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256, ffn_dim=53248, max_seq_len=131072,
+        rope_scaling=dict(_LLAMA31_SCALING), **_LLAMA3_ROPE,
     ),
     # Llama-3.2-1B shaped
     "1b": LlamaConfig(

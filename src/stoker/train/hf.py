@@ -380,15 +380,13 @@ _MANIFEST, _LATEST, _STEP = "manifest.json", "latest", "step_"
 def source_model_config(source: str | os.PathLike[str]) -> LlamaConfig:
     """The model shape of fine-tuning weights, without loading them: a Hugging Face folder's ``config.json``
     or the model config a stoker checkpoint's manifest records (``init_from`` without a model name)."""
-    import fsspec
+    from stoker.store.objects import open_objects
 
     url = str(source)
     try:
-        fs, path = fsspec.core.url_to_fs(url)
-        path = path.rstrip("/")
-        if fs.exists(f"{path}/config.json"):
-            with fs.open(f"{path}/config.json", "r") as f:
-                return from_hf_config(json.load(f), source=f"{url}/config.json")
+        config = open_objects(url.rstrip("/"), error=CheckpointError).try_get_bytes("config.json")
+        if config is not None:
+            return from_hf_config(json.loads(config), source=f"{url}/config.json")
         model = (_unverified_manifest(url).get("fingerprint") or {}).get("model")
     except (OSError, ValueError, CheckpointError) as exc:
         raise ConfigError(f"model.init_from={url}: cannot read its model config ({exc}); give a Hugging Face folder "
@@ -425,25 +423,22 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike[str], *, what: str = "
     (its newest valid checkpoint: ``latest``, else the newest that verifies; each skipped one is named in a
     warning), local or an fsspec URL. ``what`` names the reader in messages. Runs in one process: the
     torch.distributed.checkpoint shards of any TP/FSDP layout are read back as full tensors."""
-    import fsspec
     import torch.distributed.checkpoint as dcp
 
-    from .checkpoint_files import ERRORS, describe_failure, find
+    from .checkpoint_files import ERRORS, Store, describe_failure, find, split
+    from .checkpoint_objects import ObjectReader
 
     found, manifest = find(str(checkpoint), what)
-    fs, ckpt = fsspec.core.url_to_fs(found)
-    ckpt = ckpt.rstrip("/")
+    base, name = split(found)
+    store = Store(base)
     model_dict = (manifest.get("fingerprint") or {}).get("model")
     if not model_dict:
         raise CheckpointError(f"{what}: {found}/{_MANIFEST} records no model config; not a stoker training checkpoint")
     cfg = LlamaConfig(**model_dict)
-    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-    if local:
-        reader: Any = dcp.FileSystemReader(ckpt)
-    else:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-        reader = FsspecReader(fs.unstrip_protocol(ckpt))
+    if store.local:
+        reader: Any = dcp.FileSystemReader(store.join(name))
+    else:  # shards checked against the manifest as they come down
+        reader = ObjectReader(store.objects, name, manifest["files"])
     state: dict[str, Any] = {}
     try:  # verified above; this catches what a checksum cannot (a checkpoint another torch cannot read)
         metadata = reader.read_metadata()

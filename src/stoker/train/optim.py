@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from stoker.train.zero import Zero1AdamW, local_tensor
+from stoker.train.zero import Zero1AdamW, adamw_kernel, local_tensor  # noqa: F401  (adamw_kernel re-exported)
 
 _BUCKET_ELEMENTS = 32 * 1024 * 1024
 
@@ -47,17 +47,6 @@ def build_optimizer(
         return Zero1AdamW(groups, lr=lr, betas=betas, eps=eps, dp_group=zero1_group, dp_rank=dp_rank, dp_size=dp_size)
     params = [p for g in groups for p in g["params"]]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(params))
-
-
-def adamw_kernel(params: list[torch.Tensor]) -> dict[str, bool]:
-    """``fused=True`` (one kernel for all parameters) where torch has it: plain fp32/bf16 tensors on CPU
-    or CUDA. DTensors (TP/FSDP) use torch's default multi-tensor path."""
-    ok = bool(params) and all(
-        not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") and p.numel() > 0
-        and p.dtype in (torch.float32, torch.bfloat16)
-        for p in params
-    )
-    return {"fused": True} if ok else {}
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup: int, total: int, schedule: str) -> float:

@@ -27,6 +27,17 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def adamw_kernel(params: list[torch.Tensor]) -> dict[str, bool]:
+    """``fused=True`` (one kernel for all parameters) where torch has it: plain fp32/bf16 tensors on CPU
+    or CUDA. DTensors (TP/FSDP) use torch's default multi-tensor path."""
+    ok = bool(params) and all(
+        not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") and p.numel() > 0
+        and p.dtype in (torch.float32, torch.bfloat16)
+        for p in params
+    )
+    return {"fused": True} if ok else {}
+
+
 class Zero1AdamW:
     """AdamW with ZeRO stage-1 state sharding over ``dp_group``.
 
@@ -67,8 +78,6 @@ class Zero1AdamW:
             inner_groups.append({**{key: v for key, v in group.items() if key != "params"},
                                  "params": self._shards[i : i + k]})
             i += k
-        from stoker.train.optim import adamw_kernel
-
         self.inner = torch.optim.AdamW(inner_groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(self._shards))
 
     @property

@@ -108,7 +108,9 @@ def test_failed_task_with_retry(maker):
     assert not run.successful and run.finished and run.end_task is None and run.data is None
     task = run["train"].task
     assert not task.successful and task.finished and task.retry_count == 1 and task.current_attempt == 1
-    assert str(task.exception) == "RuntimeError: NaN loss" and "Traceback" in task.exception.traceback
+    exc = task.exception  # Metaflow's MetaflowExceptionWrapper fields; str() is the stacktrace, as there
+    assert exc.type == "builtins.RuntimeError" and exc.exception == exc.message == "NaN loss"
+    assert "Traceback" in exc.traceback and str(exc) == exc.stacktrace == exc.traceback
     assert task.stderr == "boom 1\n"
     assert [(a.current_attempt, a.stderr) for a in task.attempts] == [(0, "boom 0\n"), (1, "boom 1\n")]
     assert Task("Train/9/train/2", attempt=0, **client_kw(maker)).retry_count == 0

@@ -162,7 +162,6 @@ def test_init_from_without_a_model_name_takes_the_sources_shape(tmp_path: Path, 
 def test_checkpoints_on_s3_commit_in_place_and_resume_bitwise(tmp_path: Path, tokens: Path, aws):
     """On an object store a checkpoint is written where it stays and committed by its manifest (no copy of
     the whole checkpoint); an uncommitted one is skipped. moto's S3 on loopback."""
-    pytest.importorskip("s3fs")
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="ckpt-bucket")
     url = "s3://ckpt-bucket/run/ck"

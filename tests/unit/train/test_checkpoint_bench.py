@@ -14,13 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 ROWS = ["torch.save", "torch.load", "sync save", "async first save()", "async save()", "async wait()",
         "async committed", "inspect", "latest", "load", "resume"]
+TRANSFER = ["boto3 upload_file", "boto3 download_file", "stoker put_file", "stoker get_file", "torch.save + upload",
+            "download + torch.load"]  # benchmarks/checkpoint_transfer.py: stoker vs boto3's defaults (issue 15)
 
 
 @pytest.mark.slow
 @pytest.mark.aws
 def test_checkpoint_benchmark_smoke_local_and_s3(tmp_path):
     pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     for var in ("AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_PROFILE"):
         env.pop(var, None)
@@ -34,11 +35,13 @@ def test_checkpoint_benchmark_smoke_local_and_s3(tmp_path):
     assert 3.5e6 < result["bytes"] < 4.5e6 and result["repeat"] == 1
     for target in ("local", "s3"):
         rows = [r for r in result["rows"] if r["target"] == target]
-        assert [r["what"] for r in rows] == ROWS
+        assert [r["what"] for r in rows] == ROWS + (TRANSFER if target == "s3" else [])
         assert all(len(r["seconds"]) == 1 for r in rows), rows
         assert all(r["median_s"] > 0 for r in rows if r["what"] != "async wait()"), rows  # wait() only joins
         assert all(r["gb_per_s"] > 0 for r in rows if "bytes" in r)
         s = result["targets"][target]
         assert s["goal"] in ("ok", "MISS") and s["async_blocked_s"] > 0 and s["resume_s"] > 0
         assert s["async_first_save_s"] > 0
+    assert result["transfer"]["put_file_vs_boto3_upload_file"] > 0
+    assert result["transfer"]["checkpoint_load_vs_download_plus_torch_load"] > 0
     assert list(tmp_path.iterdir()) == [], "the benchmark cleans up its temporary folder"

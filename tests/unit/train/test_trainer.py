@@ -154,8 +154,17 @@ def test_cli_entrypoint(tmp_path: Path, tokens: Path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["step"] == 2 and result["checkpoint"].endswith("step_00000002")
+    last = proc.stdout.strip().splitlines()[-1]  # a human summary, not a JSON blob
+    assert last.startswith("stoker.train: 2 steps, final loss ") and "tokens/s" in last and "step_00000002" in last
+    assert "{" not in proc.stdout and "losses" not in proc.stdout
+    result = json.loads((tmp_path / "cli" / "result.json").read_text())  # the machine-readable result
+    assert result["step"] == 2 and result["checkpoint"].endswith("step_00000002") and result["seconds"] > 0
+    again = subprocess.run(  # --json: the result as one JSON line, for scripts (all steps done: returns at once)
+        [sys.executable, "-m", "stoker.train", "--data", str(tokens), "--data.block_size", "33", "--steps", "2",
+         "--out-dir", str(tmp_path / "cli"), "--set", "metrics.progress=false", "--train.micro_batch_size=4",
+         "--json"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["step"] == 2
 
 
 def test_cli_error_is_one_line(tmp_path: Path, capsys):

@@ -1,0 +1,145 @@
+"""What `stoker runs` and `stoker show` print: plain text that fits the width (80 columns when not on a terminal,
+else the terminal's, `$COLUMNS` first), or with `--json` one JSON document with stable keys (docs/operations.md).
+
+`stoker runs --json`: a list, newest first, of
+    {"flow", "run_id", "pathspec", "status", "user", "created_at", "finished_at", "duration_s", "tags"}
+`stoker show --json`: one object
+    {"flow", "run_id", "pathspec", "status", "user", "created_at", "finished_at", "duration_s", "tags",
+     "origin_run_id", "parameters", "steps": [{"name", "tasks": [{"id", "pathspec", "attempt", "successful",
+     "finished", "exception": {"type", "message"} | null, "artifacts": [names]}]}], "cost": [lines] | null}
+Times are ISO 8601 in UTC (`2026-01-31T12:00:00+00:00`), durations seconds, missing values null.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import textwrap
+from typing import Any
+
+DATE = "%Y-%m-%d %H:%M:%S"
+SHORT_DATE = "%m-%d %H:%M"
+
+
+def width() -> int:
+    """The width to fit: $COLUMNS, else the terminal's, else 80 (output to a file or a pipe)."""
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.astimezone()
+    return t.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _duration(run: Any) -> float | None:
+    if not run.finished_at or not run.created_at:
+        return None
+    return round((run.finished_at - run.created_at).total_seconds(), 3)
+
+
+def run_record(run: Any) -> dict[str, Any]:
+    """The stable keys of one run (`stoker runs --json`, the head of `stoker show --json`)."""
+    return {"flow": run.flow_name, "run_id": run.id, "pathspec": run.pathspec, "status": run.status,
+            "user": run.user, "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
+            "duration_s": _duration(run), "tags": sorted(run.user_tags)}
+
+
+def _fit(text: str, w: int) -> str:
+    return text if len(text) <= w else text[: max(w - 1, 0)] + "…"
+
+
+def runs_table(records: list[dict[str, Any]], created: list[dt.datetime | None], cols: int) -> list[str]:
+    """The `stoker runs` table as lines no longer than `cols`. The run id is never cut; a table too wide gets the
+    short date, then its tags, user and flow name cut (with "…"), then loses the tags, user, took and started
+    columns, in this order, until it fits."""
+    def took(r: dict[str, Any]) -> str:
+        return f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
+
+    head = ["flow", "run", "status", "user", "started", "took", "tags"]
+    keep = [i for i in range(len(head)) if i != 6 or any(r["tags"] for r in records)]
+
+    def total() -> int:
+        return sum(widths[i] for i in keep) + 2 * (len(keep) - 1)
+
+    for fmt in (DATE, SHORT_DATE):
+        body = [[r["flow"], r["run_id"], r["status"], r["user"] or "-", c.strftime(fmt) if c else "-", took(r),
+                 ", ".join(r["tags"])] for r, c in zip(records, created, strict=True)]
+        widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+        if total() <= cols:
+            break
+
+    for how, col, floor in (("cut", 6, 8), ("cut", 3, 6), ("cut", 0, 10), ("drop", 6, 0), ("drop", 3, 0),
+                            ("cut", 0, 4), ("drop", 5, 0), ("drop", 4, 0)):
+        if total() <= cols or col not in keep:
+            continue
+        if how == "cut":
+            widths[col] = max(floor, widths[col] - (total() - cols), len(head[col]))
+        else:
+            keep.remove(col)
+    return ["  ".join(_fit(row[i], widths[i]).ljust(widths[i]) for i in keep).rstrip() for row in [head, *body]]
+
+
+def print_runs(runs: list[Any], as_json: bool) -> None:
+    records = [run_record(r) for r in runs]
+    if as_json:
+        print(json.dumps(records, indent=1, default=str))
+        return
+    if not records:
+        print("no runs yet (runs of other users: stoker runs --all)")
+        return
+    print("\n".join(runs_table(records, [r.created_at for r in runs], width())))
+
+
+def _wrap(text: str, cols: int, indent: str, more: str | None = None) -> list[str]:
+    return textwrap.wrap(text, width=cols, initial_indent=indent, subsequent_indent=more or indent + "  ",
+                         break_on_hyphens=False, break_long_words=True) or [indent]
+
+
+def show_record(run: Any, cost: list[str] | None) -> dict[str, Any]:
+    """`stoker show --json`: the run, its parameters, every step and task."""
+    steps = []
+    for step in run:
+        tasks = []
+        for t in step:
+            exc = t.exception
+            tasks.append({"id": t.id, "pathspec": t.pathspec, "attempt": t.retry_count, "successful": t.successful,
+                          "finished": t.finished,
+                          "exception": {"type": exc.type, "message": exc.message} if exc else None,
+                          "artifacts": sorted(a.id for a in t.artifacts if not a.id.startswith("_"))})
+        steps.append({"name": step.id, "tasks": tasks})
+    return {**run_record(run), "origin_run_id": run.origin_run_id, "parameters": run.parameters,
+            "steps": steps, "cost": cost}
+
+
+def show_lines(rec: dict[str, Any], created: dt.datetime | None, cols: int) -> list[str]:
+    """`stoker show` as lines no longer than `cols` (long lists wrap under their label)."""
+    head = f"{rec['pathspec']}  {rec['status']}"
+    meta = f"user {rec['user']}  started {created.strftime(DATE) if created else '-'}" + (
+        f"  took {rec['duration_s']:.1f}s" if rec["duration_s"] is not None else "") + (
+        f"  resumed from {rec['origin_run_id']}" if rec["origin_run_id"] else "")
+    out = _wrap(head, cols, "") if len(head) + 2 + len(meta) > cols else []
+    out += _wrap(meta, cols, "  ") if out else _wrap(f"{head}  {meta}", cols, "")
+    if rec["tags"]:
+        out += _wrap("tags: " + ", ".join(rec["tags"]), cols, "")
+    if rec["parameters"]:
+        out += _wrap("parameters: " + ", ".join(f"{k}={v!r}" for k, v in rec["parameters"].items()), cols, "")
+    for step in rec["steps"]:
+        tasks = step["tasks"]
+        ok = sum(1 for t in tasks if t["successful"])
+        out.append(f"  step {step['name']}: {ok}/{len(tasks)} tasks succeeded")
+        shown = tasks if len(tasks) <= 8 else tasks[:3]
+        for t in shown:
+            line = f"task {t['id']} (attempt {t['attempt']})"
+            if t["exception"]:
+                out += _wrap(f"{line}  {t['exception']['type']}: {t['exception']['message']}", cols, "    ", " " * 6)
+            out += _wrap(("" if t["exception"] else f"{line}  ") + "artifacts: " + (", ".join(t["artifacts"]) or "-"),
+                         cols, "    " if not t["exception"] else " " * 6, " " * 6)
+        if len(shown) < len(tasks):
+            out.append(f"    ... {len(tasks) - len(shown)} more (stoker show --json lists every task)")
+    for line in rec["cost"] or []:
+        out += _wrap(line, cols, "", "  ")
+    return out

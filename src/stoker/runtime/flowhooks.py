@@ -1,0 +1,72 @@
+"""What the run and its tasks do for flow-level features: config values in decorators, @project, @secrets.
+
+- `bind_run`: when a run starts, config expressions in decorators are evaluated with the run's Config values
+  and @project gives the run's project and branch (its system tags).
+- In a task: the same binding (a task started as a new process: `python flow.py _task SPEC`), the project's
+  `current` attributes, and the step's @secrets fetched just before the step (never stored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..flow.configs import bind_configs, needs_binding
+from ..flow.decorators import get_flow_decorator
+from ..flow.parameters import Config
+from ..flow.project import ProjectInfo, project_from_tags, project_info
+from ..flow.secrets import install_secrets, remove_secrets
+
+
+def bind_run(flow_cls: type, values: dict[str, Any], user: str, project_options: dict[str, Any] | None = None,
+             flow_name: str | None = None) -> ProjectInfo | None:
+    """Bind the run's Config values into the flow's decorators; return its @project info (None without one)."""
+    bind_configs(flow_cls, values)
+    opts = project_options or {}
+    return project_info(flow_cls, user, branch=opts.get("branch"), production=bool(opts.get("production")),
+                        flow_name=flow_name)
+
+
+def bind_task_configs(flow_cls: type, spec: Any, store: Any = None) -> None:
+    """A task in a new process: evaluate config expressions in decorators with its run's Config values."""
+    if not needs_binding(flow_cls):
+        return
+    from ..store.artifacts import load_artifact
+    from ..store.blob import open_store
+
+    store = store or open_store(spec.store_url or None)
+    inputs = flow_cls._run_inputs()
+    values = {k: load_artifact(store, d) for k, d in spec.run_inputs.items()
+              if isinstance(inputs.get(k), Config)}
+    bind_configs(flow_cls, values)
+
+
+def task_current(flow_cls: type, spec: Any) -> dict[str, Any]:
+    """`current` attributes of a project flow's task (from the run's system tags)."""
+    if get_flow_decorator(flow_cls, "project") is None:
+        return {}
+    info = project_from_tags(list(spec.tags), spec.flow)
+    return info.as_current() if info else {}
+
+
+def with_secrets(func: Callable, call: Callable[[], Any]) -> Callable[[], Any]:
+    """The step call, after the step's @secrets are in the environment (a failure fails the task)."""
+    def run() -> Any:
+        install_secrets(func)
+        return call()
+
+    return run
+
+
+def after_task() -> None:
+    """The task's secrets leave its environment and its streams."""
+    remove_secrets()
+
+
+def bind_default_configs(flow_cls: type, base_dir: Any) -> None:
+    """Bind the Configs' defaults (what `--dry-run` shows when no run has resolved them)."""
+    if not needs_binding(flow_cls):
+        return
+    values = {attr: p.resolve(None, None, base_dir) for attr, p in flow_cls._run_inputs().items()
+              if isinstance(p, Config)}
+    bind_configs(flow_cls, values)

@@ -1,0 +1,159 @@
+"""The one object-store layer (stoker.store.objects*): local folders, S3 (moto's server on loopback, a real
+HTTP S3 API) and fsspec's memory filesystem behave alike; large objects move as parallel parts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from stoker.errors import ConfigError, DataError, StoreError
+from stoker.store.objects import LocalObjects, MiB, TransferConfig, open_objects, parse_bytes
+
+SMALL = TransferConfig(part_size=5 * MiB, concurrency=4)
+
+
+@pytest.fixture()
+def bucket(aws):
+    aws.client("s3").create_bucket(Bucket="objs")
+    return aws.client("s3")
+
+
+@pytest.fixture(params=["local", "s3", "memory"])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield open_objects(tmp_path / "root", config=SMALL)
+    elif request.param == "memory":
+        fsspec = pytest.importorskip("fsspec")
+        yield open_objects(f"memory://objs-{os.getpid()}/{tmp_path.name}", config=SMALL)
+        fsspec.filesystem("memory").rm(f"/objs-{os.getpid()}", recursive=True)
+    else:
+        request.getfixturevalue("bucket")
+        yield open_objects("s3://objs/pre/fix", config=SMALL)
+
+
+def test_the_interface_on_every_backend(store, tmp_path):
+    assert store.size("a/b.txt") is None and not store.exists("a/b.txt")
+    assert store.try_get_bytes("a/b.txt") is None
+    store.put_bytes("a/b.txt", b"hello world")
+    store.put_bytes("a/c.txt", b"")
+    store.put_bytes("ab.txt", b"x")
+    assert store.get_bytes("a/b.txt") == b"hello world" and store.get_bytes("a/c.txt") == b""
+    assert store.get_range("a/b.txt", 6, 5) == b"world" and store.size("a/b.txt") == 11
+    assert [o.key for o in store.list("a/")] == ["a/b.txt", "a/c.txt"]
+    assert [o.key for o in store.list("a")] == ["a/b.txt", "a/c.txt", "ab.txt"]
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"file content")
+    store.put_file("f/src.bin", src)
+    store.get_file("f/src.bin", tmp_path / "back.bin", sha256=hashlib.sha256(b"file content").hexdigest())
+    assert (tmp_path / "back.bin").read_bytes() == b"file content"
+    with pytest.raises(StoreError, match=r"f/src\.bin is corrupted.*discarded"):
+        store.get_file("f/src.bin", tmp_path / "bad.bin", sha256="0" * 64)
+    assert not (tmp_path / "bad.bin").exists() and not list(tmp_path.glob("bad.bin*"))
+    with pytest.raises(StoreError, match=r"nothing does not exist"):
+        store.get_bytes("nothing")
+    store.delete("a/b.txt")
+    store.delete("a/b.txt")  # missing: no error
+    assert not store.exists("a/b.txt")
+    store.delete_many(["a/c.txt", "ab.txt"])
+    assert [o.key for o in store.list()] == ["f/src.bin"]
+    with pytest.raises(StoreError, match="not an object key"):
+        store.put_bytes("../escape", b"x")
+
+
+def test_many_objects_move_on_a_pool(store, tmp_path):
+    files = []
+    for i in range(20):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * (i + 1))
+        files.append((f"many/{i:02d}.bin", tmp_path / f"{i}.bin"))
+    store.put_many(files)
+    out = tmp_path / "out"
+    out.mkdir()
+    store.get_many([(key, out / key.split("/")[1], hashlib.sha256(path.read_bytes()).hexdigest())
+                    for key, path in files])
+    assert all((out / f"{i:02d}.bin").read_bytes() == bytes([i]) * (i + 1) for i in range(20))
+
+
+@pytest.mark.aws
+def test_large_objects_go_in_parallel_parts_on_s3(bucket, tmp_path):
+    store = open_objects("s3://objs/big", config=SMALL)
+    data = os.urandom(12 * MiB + 123)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    store.put_file("big.bin", src)
+    head = bucket.head_object(Bucket="objs", Key="big/big.bin")
+    assert head["ContentLength"] == len(data) and head["ETag"].strip('"').endswith("-3")  # 3 parts
+    store.get_file("big.bin", tmp_path / "back.bin", sha256=hashlib.sha256(data).hexdigest())
+    assert (tmp_path / "back.bin").read_bytes() == data
+    assert store.get_bytes("big.bin") == data
+    assert store.get_range("big.bin", 5 * MiB - 3, 10) == data[5 * MiB - 3:5 * MiB + 7]
+    store.put_bytes("mem.bin", memoryview(data))
+    assert bucket.head_object(Bucket="objs", Key="big/mem.bin")["ETag"].strip('"').endswith("-3")
+    assert store.get_bytes("mem.bin", sha256=hashlib.sha256(data).hexdigest()) == data
+    assert not bucket.list_multipart_uploads(Bucket="objs").get("Uploads")
+
+
+@pytest.mark.aws
+def test_s3_errors_name_the_url_and_the_fix(aws, tmp_path):
+    store = open_objects("s3://no-such-bucket/p", error=DataError)
+    with pytest.raises(DataError, match=r"s3://no-such-bucket/p/x: writing failed.*Check the bucket exists"):
+        store.put_bytes("x", b"1")
+    with pytest.raises(DataError, match=r"s3://no-such-bucket/p: listing failed"):
+        store.list("")
+    with pytest.raises(ConfigError, match="S3 parts are at least 5MiB"):
+        TransferConfig(part_size=1 * MiB)
+
+
+def test_configuration_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("STOKER_S3_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("STOKER_S3_PART_SIZE", "64MiB")
+    monkeypatch.setenv("STOKER_S3_CONCURRENCY", "32")
+    monkeypatch.setenv("STOKER_S3_REGION", "eu-west-1")
+    cfg = TransferConfig.from_env()
+    assert (cfg.endpoint_url, cfg.part_size, cfg.multipart_threshold, cfg.concurrency, cfg.region) == (
+        "http://127.0.0.1:9000", 64 * MiB, 64 * MiB, 32, "eu-west-1")
+    monkeypatch.setenv("STOKER_S3_CONCURRENCY", "many")
+    with pytest.raises(ConfigError, match="STOKER_S3_CONCURRENCY='many' is not a whole number"):
+        TransferConfig.from_env()
+    assert parse_bytes("8", "X") == 8 and parse_bytes("2GiB", "X") == 2 << 30
+    with pytest.raises(ConfigError, match=r"X='lots' is not a size.*X=16MiB"):
+        parse_bytes("lots", "X")
+
+
+@pytest.mark.aws
+def test_the_client_honours_endpoint_and_profile(aws, monkeypatch, tmp_path):
+    from stoker.store.objects_s3 import s3_client
+
+    client = s3_client(StoreError, "test", TransferConfig.from_env())
+    assert client.meta.endpoint_url == aws.endpoint
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(StoreError, match=r"profile 'nope' \(STOKER_S3_PROFILE\) is unusable"):
+        s3_client(StoreError, "test", TransferConfig(profile="nope"))
+
+
+def test_a_local_store_writes_atomically(tmp_path):
+    store = LocalObjects(tmp_path)
+    store.put_bytes("x/y", b"1")
+    store.put_bytes("x/y", b"22")
+    assert (tmp_path / "x" / "y").read_bytes() == b"22" and sorted(os.listdir(tmp_path / "x")) == ["y"]
+    assert store.local_root == tmp_path.resolve()
+
+
+def test_streamed_uploads_commit_on_close_and_discard_on_error(store):
+    data = os.urandom(11 * MiB + 5)
+    with store.open_write("s/big") as f:
+        for i in range(0, len(data), 3 * MiB):
+            f.write(data[i:i + 3 * MiB])
+        assert f.tell() == len(data)
+    assert f.sha256 == hashlib.sha256(data).hexdigest() and f.size == len(data)
+    assert store.get_bytes("s/big") == data
+    with store.open_write("s/small") as f:
+        f.write(b"abc")
+    assert store.get_bytes("s/small") == b"abc"
+    with pytest.raises(RuntimeError), store.open_write("s/torn") as f:
+        f.write(data)
+        raise RuntimeError("writer died")
+    assert not store.exists("s/torn")
+    if getattr(store, "client", None) is not None:
+        assert not store.client.list_multipart_uploads(Bucket="objs").get("Uploads")
