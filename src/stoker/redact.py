@@ -37,13 +37,8 @@ def redact_with_spec(spec: str) -> str:
         return spec
     try:
         names = list(json.loads(rest.strip().removeprefix("vars=")))
-    except (json.JSONDecodeError, TypeError):
-        try:
-            from .flow.decorators import parse_with
-
-            names = list(parse_with(spec).attributes.get("vars") or {})
-        except Exception:  # noqa: BLE001 - unparsable: hide it all
-            return f"{name}:{REDACTED}"
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        return f"{name}:{REDACTED}"  # not the JSON form: hide it all (this module sits below flow/'s parser)
     return f"{name}:vars=" + json.dumps(redact_env(dict.fromkeys(names)), separators=(",", ":"))
 
 

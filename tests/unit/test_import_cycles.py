@@ -9,18 +9,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# Circles between files other sessions own (issue 14: flow/, runtime/scheduler, store/client*, train/config*), to
-# be removed there (then delete the entry). graph <-> lint was one of them and is gone already.
-KNOWN: set[frozenset[str]] = {
-    frozenset({"stoker.store.client", "stoker.store.client_base", "stoker.store.client_lineage"}),
-    frozenset({"stoker.flow.configs", "stoker.flow.parameters"}),
-    frozenset({"stoker.flow.decorators", "stoker.redact"}),
-    frozenset({"stoker.runtime.scheduler", "stoker.runtime.transitions"}),
-    frozenset({"stoker.train.config", "stoker.train.torchtitan"}),
-    frozenset({"stoker.flow.graph", "stoker.flow.lint"}),
-}
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -102,7 +90,7 @@ def test_no_import_circles():
     files = sorted((SRC / "stoker").rglob("*.py"))
     modules = {module_name(f) for f in files}
     graph = package_edges({module_name(f): imports(f, modules) for f in files})
-    cycles = [c for c in find_cycles(graph) if frozenset(c) not in KNOWN]
+    cycles = [c for c in find_cycles(graph) ]
     assert not cycles, "import circles (make each one-way or merge the files): " + "; ".join(
         " <-> ".join(c) for c in cycles)
 

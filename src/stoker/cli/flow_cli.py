@@ -11,7 +11,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..flow.decorators import get_flow_decorator
-from ..flow.graph import FlowGraph, lint
+from ..flow.graph import FlowGraph
+from ..flow.lint import lint
 from ..flow.parameters import _MISSING, Config, IncludeFile, parameters_from_env, parse_override_value
 from .errors import run_cli
 from .guardian import start_guardian
@@ -100,22 +101,20 @@ def _move_top_config(argv: list[str]) -> list[str]:
 
 
 def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[str]:
-    """Drop Metaflow's top-level flags and options left after the command, except `keep`: the flow's own
-    parameter options (a Parameter("environment") is `run --environment VALUE`, as in Metaflow)."""
+    """Drop Metaflow's top-level flags left after the command and refuse its top-level options there (Metaflow
+    refuses both), except `keep`: the flow's own parameter options (a Parameter("environment") is
+    `run --environment VALUE`, as in Metaflow)."""
     argv = _move_top_config(argv)
-    out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
+    out = []
+    for a in argv:
         if a.split("=")[0] in keep:
             out.append(a)
             continue
         if a in COMPAT_FLAGS:
             continue
-        if a.split("=")[0] in COMPAT_OPTIONS:
-            skip = "=" not in a and i + 1 < len(argv)
-            continue
+        if (name := a.split("=")[0]) in COMPAT_OPTIONS:  # as Metaflow, not after the command (it did nothing there)
+            raise ConfigError(f"{name} is an option of the flow, not of the command: put it before the command, "
+                              f"e.g. `python {Path(sys.argv[0]).name} {name} VALUE run ...`")
         out.append(a)
     return out
 
@@ -129,9 +128,10 @@ def main(flow_cls: type, argv: list[str] | None = None) -> Any:
     try:  # Metaflow's options before the command: accepted, or refused saying what stoker uses instead
         argv, top = split_top_options(argv, COMMANDS)
         top.apply()
+        argv = _split_compat(argv, _param_options(flow_cls))
     except ConfigError as e:
         return run_cli(lambda e=e: _raise(e))
-    args = build_parser(flow_cls).parse_args(_split_compat(argv, _param_options(flow_cls)))
+    args = build_parser(flow_cls).parse_args(argv)
     if top.quiet and hasattr(args, "quiet"):
         args.quiet = True
     return run_cli(lambda: dispatch(flow_cls, args))

@@ -2,7 +2,8 @@
 
 from .current import current
 from .decorators import catch, environment, parallel, resources, retry, step, timeout, torchrun
-from .graph import FlowGraph, lint
+from .graph import FlowGraph
+from .lint import lint
 from .parameters import Config, IncludeFile, JSONType, Parameter
 from .spec import FlowSpec, MergeArtifactsError
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,26 @@ from ..errors import ConfigError
 
 ID_PATTERN = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 UNPACK_KEY = "_unpacked_delayed_"
+
+
+class ConfigValue(dict):
+    """A read-only dict with attribute access (`self.config.train.lr`)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            v = self[key]
+        except KeyError:
+            raise AttributeError(f"config has no key {key!r}; keys: {sorted(self)}") from None
+        return ConfigValue(v) if isinstance(v, dict) and not isinstance(v, ConfigValue) else v
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("a Config is read-only in a step; change it with --config or --set")
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self))
+
+    def __reduce__(self):  # plain dict when pickled, so readers need no stoker class
+        return (ConfigValue, (dict(self),))
 # attributes stoker probes on class attributes to find steps: never config keys
 NOT_CONFIG_KEYS = frozenset({"is_step", "decorators", "decorator_errors"})
 
@@ -161,10 +182,8 @@ def unpack_delayed(attributes: dict[str, Any]) -> tuple[dict[str, Any], list[str
 
 def config_values_by_name(flow_cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """{Config name: value} of a run's resolved inputs (keyed by attribute)."""
-    from .parameters import Config, ConfigValue
-
     return {p.name: ConfigValue(values[attr]) if type(values[attr]) is dict else values[attr]
-            for attr, p in flow_cls._run_inputs().items() if isinstance(p, Config) and attr in values}
+            for attr, p in flow_cls._run_inputs().items() if getattr(p, "IS_CONFIG", False) and attr in values}
 
 
 def flow_decorators(flow_cls: type) -> list[Any]:

@@ -10,7 +10,6 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import GraphError
 from .decorators import ParallelDecorator
 
 RESERVED = {"next", "input", "index", "foreach_stack", "merge_artifacts", "name", "script_name", "cmd"}
@@ -283,14 +282,3 @@ class FlowGraph:
     def closing_split(self, join: str) -> StepNode:
         """The split, foreach or gang that a join step closes."""
         return self.nodes[self.nodes[join].split_parents[-1]]
-
-
-def lint(graph: FlowGraph, parameters: dict[str, Any] | None = None) -> None:
-    """Raise one GraphError listing every problem, each with file:line and the fix."""
-    from .lint import collect_problems
-
-    problems = collect_problems(graph, parameters or {})
-    if problems:
-        lines = [f"{where}: {msg}" for where, msg in problems]
-        raise GraphError(f"flow {graph.name} is not valid ({len(lines)} problem"
-                         f"{'s' if len(lines) > 1 else ''}):\n  " + "\n  ".join(lines))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import GraphError
 from .graph import RESERVED, FlowGraph, StepNode
 
 
@@ -185,3 +186,12 @@ def _check_splits(graph: FlowGraph, reachable: set[str]) -> list[tuple[str, str]
                 if indeg[t] == 0:
                     ready.append(t)
     return out
+
+
+def lint(graph: FlowGraph, parameters: dict[str, Any] | None = None) -> None:
+    """Raise one GraphError listing every problem, each with file:line and the fix."""
+    problems = collect_problems(graph, parameters or {})
+    if problems:
+        lines = [f"{where}: {msg}" for where, msg in problems]
+        raise GraphError(f"flow {graph.name} is not valid ({len(lines)} problem"
+                         f"{'s' if len(lines) > 1 else ''}):\n  " + "\n  ".join(lines))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
+from .configs import NOT_CONFIG_KEYS, UNPACK_KEY, ConfigValue, DelayEvaluator, delayed_attribute
 
 _MISSING = object()
 
@@ -187,26 +188,6 @@ def builtins_type(value: Any) -> Callable[[Any], Any]:
     return str
 
 
-class ConfigValue(dict):
-    """A read-only dict with attribute access (`self.config.train.lr`)."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            v = self[key]
-        except KeyError:
-            raise AttributeError(f"config has no key {key!r}; keys: {sorted(self)}") from None
-        return ConfigValue(v) if isinstance(v, dict) and not isinstance(v, ConfigValue) else v
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError("a Config is read-only in a step; change it with --config or --set")
-
-    def to_dict(self) -> dict:
-        return json.loads(json.dumps(self))
-
-    def __reduce__(self):  # plain dict when pickled, so readers need no stoker class
-        return (ConfigValue, (dict(self),))
-
-
 def load_config_file(path: str | os.PathLike) -> dict:
     """Parse a TOML or JSON file, naming the file and the fix on error."""
     p = Path(path)
@@ -265,6 +246,8 @@ class Config:
     overrides single values. Read it in steps as `self.config.section.key` or `self.config["section"]`.
     """
 
+    IS_CONFIG = True  # flow/configs.py tells a Config from a Parameter by this (it does not import us)
+
     IS_RUN_INPUT = True
 
     def __init__(
@@ -312,24 +295,18 @@ class Config:
     show_default = True
 
     def __getattr__(self, key: str) -> Any:
-        from .configs import NOT_CONFIG_KEYS, delayed_attribute
-
         if key.startswith("_") or key in NOT_CONFIG_KEYS:
             raise AttributeError(key)
 
         return delayed_attribute(self.__dict__.get("name", ""), key)
 
     def __getitem__(self, key: Any) -> Any:
-        from .configs import UNPACK_KEY, DelayEvaluator
-
         if isinstance(key, str) and key.startswith(UNPACK_KEY):
             return DelayEvaluator(self.name)
         return DelayEvaluator(self.name)[key]
 
     def keys(self) -> list[str]:
         """`**cfg` in a decorator: the whole config's keys become its arguments (when the run starts)."""
-        from .configs import UNPACK_KEY
-
         return [f"{UNPACK_KEY}{id(self)}"]
 
 

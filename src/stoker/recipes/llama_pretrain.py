@@ -47,10 +47,9 @@ def checkpoint_root(run_id: str) -> str:
 
 
 def committed(url: str) -> bool:
-    import fsspec
+    from stoker.store.objects import open_objects
 
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs.exists(f"{path}/latest")
+    return open_objects(url).exists("latest")
 
 
 def merged_over_defaults(text: str) -> dict:
@@ -217,11 +216,14 @@ class LlamaPretrain(FlowSpec):
         tok = load_tokenizer(self.config.data.tokenizer)
         local = os.path.join(current.tempdir, "export") if remote else target
         self.export_dir = str(export_from_checkpoint(self.checkpoint, local, tokenizer=getattr(tok, "path", None)))
-        if remote:  # written here, then uploaded next to the run in the store (s3://...)
-            import fsspec
+        if remote:  # written here, then uploaded next to the run in the store (s3://...), in parallel
+            from pathlib import Path
 
-            fs, path = fsspec.core.url_to_fs(target)
-            fs.put(self.export_dir.rstrip("/") + "/", path, recursive=True)
+            from stoker.store.objects import open_objects
+
+            root = Path(self.export_dir)
+            open_objects(target).put_many((f.relative_to(root).as_posix(), f) for f in sorted(root.rglob("*"))
+                                          if f.is_file())
             self.export_dir = target
         self.next(self.end)
 

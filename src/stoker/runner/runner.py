@@ -40,8 +40,11 @@ TOP_LEVEL = {"pylint": "pylint", "quiet": "quiet", "metadata": "metadata", "envi
              "force_rebuild_environments": "force-rebuild-environments", "local_config_file": "local-config-file",
              "mode": "mode", "warnings": "warnings"}
 COMMON = {"tags": "tag", "max_workers": "max-workers", "max_num_splits": "max-num-splits", "decospecs": "with",
-          "run_id_file": "run-id-file", "quiet": "quiet", "backend": "backend", "max_log_size": "max-log-size"}
-RUN = {**COMMON, "config": "config", "set": "set", "user_namespace": "namespace"}
+          "run_id_file": "run-id-file", "quiet": "quiet", "backend": "backend"}
+RUN = {**COMMON, "config": "config", "set": "set"}
+# Metaflow's run options that stoker's `run` does not have: refused before anything starts, with the reason.
+UNSUPPORTED = {"user_namespace": "stoker's tasks read their own run's namespace; set the client's with namespace()",
+               "max_log_size": "stoker keeps a task's whole log in the store (no size cap to set)"}
 RESUME = {**COMMON, "origin_run_id": "origin-run-id", "step_to_rerun": None, "step": "step"}
 _NO_FORM = {"pylint": "--no-pylint", "quiet": None, "warnings": "--no-warnings"}  # what False becomes
 
@@ -107,6 +110,8 @@ def _options(kwargs: dict[str, Any], known: dict[str, str | None], params: dict[
             else:
                 out += [f"--{p.cli_name}", str(value)]
             continue
+        if key in UNSUPPORTED:
+            raise ValueError(f"'{key}' is a Metaflow option stoker does not support: {UNSUPPORTED[key]}")
         if key not in known:
             raise ValueError(f"Unknown argument: '{key}', possible args are: "
                              + ", ".join([*params, *known]))

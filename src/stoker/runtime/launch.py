@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import ConfigError, StokerError
 from ..flow.decorators import apply_with
-from ..flow.graph import FlowGraph, lint
+from ..flow.graph import FlowGraph
+from ..flow.lint import lint
 from ..flow.parameters import _MISSING, Config, ParameterContext
 from ..redact import REDACTED, redact_with_spec
 from ..store.artifacts import save_artifact, secret_descriptor

@@ -10,12 +10,22 @@ of the origin run in order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .queue import Task, frames_key
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .scheduler import Scheduler
+
+class Scheduler(Protocol):
+    """What these functions use of runtime.scheduler.Scheduler (which imports this module, not the reverse)."""
+
+    graph: Any
+    joins: dict
+    _next_id: int
+
+    def _add(self, step: str, inputs: list[Task], foreach: list[dict], parallel: dict | None = None,
+             gang: str | None = None, task_id: str | None = None, iteration: tuple = ()) -> Task: ...
+
+    def _new_id(self) -> str: ...
 
 
 def chosen_steps(sched: Scheduler, t: Task) -> list[str]:

@@ -18,8 +18,8 @@ from typing import Any
 
 from stoker.store.blob import BlobStore
 from stoker.store.client_base import (
+    ArtifactBase,
     ClientObject,
-    DataArtifact,
     Metadata,
     TagMutations,
     TaskData,
@@ -505,3 +505,19 @@ class Task(ClientObject):
 
     def __iter__(self) -> Iterator[DataArtifact]:
         return iter(list(self.data._artifacts.values()))
+
+
+class DataArtifact(ArtifactBase):
+    """One artifact of a task: ``.data`` (loaded on first access, then cached), ``.sha``, ``.size``."""
+
+    def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
+                 store: BlobStore | None = None, _namespace_check: bool = True) -> None:
+        flow, run_id, step, task_id, name = split_pathspec(pathspec, 5, "artifact")
+        from stoker.store.client import Task
+
+        task = Task(f"{flow}/{run_id}/{step}/{task_id}", attempt=attempt, db=db, store=store,
+                    _namespace_check=_namespace_check)
+        rec = next((r for r in task._records() if r.name == name), None)
+        if rec is None:
+            raise NotFound(f"task {task.pathspec} has no artifact {name!r}")
+        self._init(task, rec)

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from stoker.errors import ConfigError, StoreError
 from stoker.store.artifacts import load_artifact
@@ -18,8 +18,7 @@ from stoker.store.namespaces import NotFound, default_db, default_store
 from stoker.store.paths import home_dir
 from stoker.store.records import ArtifactRecord
 
-if TYPE_CHECKING:
-    from stoker.store.client import Task
+Task = Any  # a stoker.store.client.Task (not imported: client imports this module)
 
 _MISSING = object()
 _home: Path | None = None  # set by metadata(): the stoker home the client reads instead of the default one
@@ -226,7 +225,7 @@ class TaskException:
 class TaskData:
     """A task's artifacts as attributes; ``name in data`` tests for one."""
 
-    def __init__(self, artifacts: dict[str, DataArtifact], pathspec: str, values: bool = True) -> None:
+    def __init__(self, artifacts: dict[str, ArtifactBase], pathspec: str, values: bool = True) -> None:
         self._artifacts = artifacts
         self._pathspec = pathspec
         self._values = values
@@ -243,7 +242,7 @@ class TaskData:
     def __contains__(self, name: str) -> bool:
         return name in self._artifacts
 
-    def __iter__(self) -> Iterator[DataArtifact]:
+    def __iter__(self) -> Iterator[ArtifactBase]:
         return iter(list(self._artifacts.values()))
 
     def __dir__(self) -> list[str]:
@@ -253,23 +252,12 @@ class TaskData:
         return f"<data of {self._pathspec}: {', '.join(sorted(self._artifacts))}>"
 
 
-class DataArtifact(ClientObject):
-    """One artifact of a task: ``.data`` (loaded on first access, then cached), ``.sha``, ``.size``."""
-
-    def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
-                 store: BlobStore | None = None, _namespace_check: bool = True) -> None:
-        flow, run_id, step, task_id, name = split_pathspec(pathspec, 5, "artifact")
-        from stoker.store.client import Task
-
-        task = Task(f"{flow}/{run_id}/{step}/{task_id}", attempt=attempt, db=db, store=store,
-                    _namespace_check=_namespace_check)
-        rec = next((r for r in task._records() if r.name == name), None)
-        if rec is None:
-            raise NotFound(f"task {task.pathspec} has no artifact {name!r}")
-        self._init(task, rec)
+class ArtifactBase(ClientObject):
+    """One artifact of a task: ``.data`` (loaded on first access, then cached), ``.sha``, ``.size``.
+    (client.DataArtifact adds the constructor from a pathspec, which needs client.Task.)"""
 
     @classmethod
-    def _from(cls, task: Task, rec: ArtifactRecord) -> DataArtifact:
+    def _from(cls, task: Task, rec: ArtifactRecord) -> ArtifactBase:
         self = cls.__new__(cls)
         self._init(task, rec)
         return self

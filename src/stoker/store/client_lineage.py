@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stoker.store.blob import BlobStore
 from stoker.store.client_base import Metadata
 from stoker.store.manifest import read_run_record
 
-if TYPE_CHECKING:
-    from stoker.store.client import Task
+Task = Any  # a stoker.store.client.Task (not imported: client imports this module)
 
 STREAMS = ("stdout", "stderr")
 

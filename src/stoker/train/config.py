@@ -333,7 +333,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         from stoker.train import torchtitan
 
         if config_format == "torchtitan" or (config_format == "auto" and torchtitan.is_torchtitan(raw)):
-            return torchtitan.load(raw, list(overrides or []), source)
+            return from_dict(torchtitan.load(raw, list(overrides or []), source, aliases=ALIASES,
+                                             apply_overrides=apply_overrides), source=source)
     elif config_format == "torchtitan":
         raise ConfigError("--config-format torchtitan needs --config FILE (a torchtitan TOML)")
     apply_overrides(raw, list(overrides or []))

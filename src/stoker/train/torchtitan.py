@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -468,16 +469,16 @@ def dataset_vocab(url: str) -> int | None:
     return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"])
 
 
-def load(raw: dict[str, Any], overrides: list[str], source: str) -> Any:
-    """A :class:`TrainConfig` from a torchtitan TOML and the command line's overrides: torchtitan keys
-    (``training.steps=5``) change the file before conversion, stoker's (``--set train.lr=1e-3``, ``--data``)
-    the result."""
-    from stoker.train.config import ALIASES, apply_overrides, from_dict
-
+def load(raw: dict[str, Any], overrides: list[str], source: str, *, aliases: Any,
+         apply_overrides: Callable[[dict[str, Any], list[str]], Any]) -> dict[str, Any]:
+    """stoker's config dict (for ``train.config.from_dict``) from a torchtitan TOML and the command line's
+    overrides: torchtitan keys (``training.steps=5``) change the file before conversion, stoker's
+    (``--set train.lr=1e-3``, ``--data``; ``aliases`` are stoker's short flags) the result. train.config passes
+    its own override machinery in, so that this module does not import it back."""
     titan, stoker = [], []
     for item in overrides:
         key = item.split("=", 1)[0].strip().replace("-", "_")
-        (titan if "." in key and key not in ALIASES and is_torchtitan_key(key) else stoker).append(item)
+        (titan if "." in key and key not in aliases and is_torchtitan_key(key) else stoker).append(item)
     apply_overrides(raw, titan)
     data_keys = {"data", "data.url"}
     given = next((i.split("=", 1)[1] for i in reversed(stoker)
@@ -488,4 +489,4 @@ def load(raw: dict[str, Any], overrides: list[str], source: str) -> Any:
     vocab = dataset_vocab(str(out.get("data", {}).get("url", "")))
     if vocab is not None and "vocab_size" not in model:
         model["vocab_size"] = vocab  # the tokenizer's vocabulary, as torchtitan builds the model for it
-    return from_dict(out, source=source)
+    return out

@@ -3,8 +3,11 @@ flow's: `run --environment prod` sets it, as in Metaflow (it used to be dropped 
 
 from __future__ import annotations
 
+import pytest
+
 from stoker import FlowSpec, Parameter, step
 from stoker.cli.flow_cli import _param_options, _split_compat, build_parser
+from stoker.errors import ConfigError
 
 
 class EnvFlow(FlowSpec):
@@ -21,8 +24,13 @@ class EnvFlow(FlowSpec):
 
 
 def test_parameter_named_like_a_top_level_option_is_kept():
-    argv = _split_compat(["run", "--environment", "prod", "--metadata=m1", "--datastore", "local"],
-                         _param_options(EnvFlow))
+    argv = _split_compat(["run", "--environment", "prod", "--metadata=m1", "--no-pylint"], _param_options(EnvFlow))
     assert argv == ["run", "--environment", "prod", "--metadata=m1"]
     args = build_parser(EnvFlow).parse_args(argv)
     assert (args.param__environment, args.param__metadata) == ("prod", "m1")
+
+
+def test_a_top_level_option_after_the_command_is_refused():
+    """Metaflow refuses `run --datastore s3`; stoker used to drop it silently (and run on the local store)."""
+    with pytest.raises(ConfigError, match="--datastore is an option of the flow.*before the command"):
+        _split_compat(["run", "--datastore", "s3"], _param_options(EnvFlow))

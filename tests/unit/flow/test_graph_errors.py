@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from stoker.errors import ConfigError, GraphError
-from stoker.flow.graph import FlowGraph, lint
+from stoker.flow.graph import FlowGraph
+from stoker.flow.lint import lint
 
 HEADER = "from stoker import FlowSpec, step, retry, parallel, Parameter\n\n"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stoker.errors import GraphError
-from stoker.flow.graph import FlowGraph, lint
+from stoker.flow.graph import FlowGraph
+from stoker.flow.lint import lint
 from tests.unit.flow.test_graph_errors import lint_error, load
 
 VALID = """

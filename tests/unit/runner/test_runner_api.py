@@ -40,6 +40,8 @@ def test_keyword_arguments_become_options(flow_file: Path):
     assert _options({"config": [("cfg", "a.toml")]}, TOP_LEVEL, {}) == ["--config", "cfg", "a.toml"]
     with pytest.raises(ValueError, match="Unknown argument: 'nope'"):
         _options({"nope": 1}, RUN, {})
+    with pytest.raises(ValueError, match="'user_namespace' is a Metaflow option stoker does not support"):
+        _options({"user_namespace": "me"}, RUN, {})  # stoker's `run` has no --namespace: refused up front
     with pytest.raises(TypeError, match="Invalid type for 'alpha'"):
         runner._command("run", {"alpha": "5"}, "/tmp/fifo")
 
