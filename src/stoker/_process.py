@@ -9,6 +9,7 @@ import sys
 
 _PR_SET_PDEATHSIG = 1
 _PARENT_ONLY_FDS: set[int] = set()  # a forked member closes these: the reaper must see EOF when the run dies
+_LIBC: list = []  # libc, loaded at the first use
 
 
 def close_parent_only_fds() -> None:
@@ -25,7 +26,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask Linux to signal this process when its parent dies (no-op elsewhere)."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+            if not _LIBC:
+                _LIBC.append(ctypes.CDLL("libc.so.6", use_errno=True))
+            _LIBC[0].prctl(_PR_SET_PDEATHSIG, sig)
         except OSError:
             pass
 

@@ -6,10 +6,11 @@ Names stay (they say what was set); values become ``***``.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ._environ import environ_copy
 
 REDACTED = "***"
 SECRET_ENV_PREFIX = "STOKER_SECRET_"  # the variables that carry secret parameters to a run's tasks
@@ -42,10 +43,20 @@ def redact_with_spec(spec: str) -> str:
     return f"{name}:vars=" + json.dumps(redact_env(dict.fromkeys(names)), separators=(",", ":"))
 
 
+_KNOWN: list = [None, []]  # the environment they were found in, and the values
+
+
 def known_secrets() -> list[str]:
     """Values of secret parameters in this process (their ``STOKER_SECRET_*`` variables), longest first."""
+    environ = environ_copy()
+    if _KNOWN[0] is not environ:
+        _KNOWN[0], _KNOWN[1] = environ, _find_secrets(environ)
+    return list(_KNOWN[1])
+
+
+def _find_secrets(environ: Mapping[str, str]) -> list[str]:
     values: set[str] = set()
-    for k, v in os.environ.items():
+    for k, v in environ.items():
         if k.startswith(SECRET_ENV_PREFIX) and v:
             values.add(v)
             try:

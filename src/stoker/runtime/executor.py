@@ -178,8 +178,9 @@ class Backend(ABC):
     def logs(self, ref: JobRef, member: int = 0, stream: str = "stdout") -> bytes:
         """What member `member` printed so far (b"" when nothing is known)."""
 
-    def bind(self, entry: Callable[[TaskSpec], int]) -> None:
-        """The in-process task entrypoint, for a backend that forks members from the scheduler."""
+    def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
+        """The in-process task entrypoint, for a backend that forks members from the scheduler, and what to
+        import before it forks them."""
         return None
 
     def wait(self, timeout: float, sink: Sink) -> None:

@@ -197,10 +197,10 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
                  + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
     if project:  # as Metaflow prints it
         display.info(f"Project: {project.project_name}, Branch: {project.branch_name}")
-    from .task import run_task
+    from .task import preload, run_task
 
     for b in {router(n.name).name: router(n.name) for n in graph}.values():
-        b.bind(lambda spec: run_task(flow_cls, spec, store, graph))  # for a backend that forks members
+        b.bind(lambda spec: run_task(flow_cls, spec, store, graph), preload)  # for a backend that forks members
     # a task's spec: the system tags first, so that a user tag `project:x` is not taken for @project's
     sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
                       run_inputs=run_inputs, user=user, tags=[*system_tags, *(tags or [])], max_workers=max_workers,

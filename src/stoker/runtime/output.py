@@ -19,16 +19,23 @@ STYLES = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_m
 class TaskOutput:
     """Collects one attempt's stdout/stderr: appends to log files and yields complete lines."""
 
-    def __init__(self, log_dir: Path, prefix: str, lazy: bool = False) -> None:
+    def __init__(self, log_dir: Path | str, prefix: str, lazy: bool = False) -> None:
         """``lazy``: create the folder and files when the first output arrives (most tasks of a wide foreach
         print nothing, and creating them is a good part of what the scheduler spends on a task)."""
-        self.prefix, self.log_dir = prefix, log_dir
-        self.paths = {s: log_dir / f"{s}.log" for s in ("stdout", "stderr")}
+        self.prefix, self._log_dir = prefix, log_dir
         self.files: dict[str, IO[bytes]] = {} if lazy else self._open()
         self.partial = {"stdout": b"", "stderr": b""}
         self.tail: deque[str] = deque(maxlen=30)
         # a run with secret parameters: what a task prints is kept and shown line by line, each value as ***
         self.secrets = [v.encode() for v in known_secrets()]
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self._log_dir)
+
+    @property
+    def paths(self) -> dict[str, Path]:
+        return {s: self.log_dir / f"{s}.log" for s in ("stdout", "stderr")}
 
     def _open(self) -> dict[str, IO[bytes]]:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -220,6 +220,17 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     return code
 
 
+def preload() -> None:
+    """Import what :func:`run_task` imports on first use (cards pull in ``platform``, ``uuid``, ``html``: ~10 ms)
+    and find the temp folder (``gettempdir`` writes a probe file), in a fork server before it forks its members:
+    once, instead of once per task."""
+    import faulthandler  # noqa: F401
+
+    from ..cards import runtime  # noqa: F401
+
+    tempfile.gettempdir()
+
+
 def _enable_faulthandler() -> None:
     import faulthandler
 

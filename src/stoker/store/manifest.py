@@ -136,7 +136,7 @@ def write_manifest(store: BlobStore, manifest: dict[str, Any]) -> str:
         signed = sign(store.url, name, m)
     except (TypeError, ValueError) as e:
         raise StoreError(f"manifest {name} is not JSON-serializable: {e}") from e
-    store.write(name, json.dumps(signed, indent=1, sort_keys=True).encode())
+    store.write(name, json.dumps(signed, sort_keys=True).encode())
     manifest[SIGNATURE] = signed[SIGNATURE]
     return name
 

@@ -86,6 +86,12 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 
+def _foreach_index(stack: str | None) -> str:
+    """The tasks table's foreach_index column from an attempt's foreach_stack column: the split indexes."""
+    return _dumps([int(f["index"]) if isinstance(f, dict) and f.get("index") is not None else -1
+                   for f in json.loads(stack or "[]")])
+
+
 def _journal_from_env() -> str | None:
     """The journal mode ``$STOKER_SQLITE_JOURNAL`` asks for, or None when it is unset or empty."""
     value = os.environ.get(JOURNAL_ENV, "").strip()
@@ -320,30 +326,35 @@ class MetadataDB:
         order, in ONE transaction: all of them or none (the scheduler indexes what one pass started and ended
         at once; a transaction costs more than the rows it writes)."""
         checked = [(kind, validate_manifest(arg) if kind == "ingest" else arg) for kind, arg in ops]
+        seen: dict[tuple, float] = {}  # (flow, run_id, step) whose rows this transaction made sure of -> earliest time
         with self._tx() as c:
             for kind, arg in checked:
                 if kind == "ingest":
-                    self._ingest(c, arg)
+                    self._ingest(c, arg, seen)
                 elif kind == "register":
-                    self._register(c, **arg)
+                    self._register(c, **arg, seen=seen)
                 else:
                     raise StoreError(f"unknown index operation {kind!r}: use 'register' or 'ingest'")
 
     @classmethod
     def _register(cls, c: sqlite3.Connection, flow: str, run_id: str, step: str, task_id: str, attempt: int, *,
                   started_at: float | None = None, user: str | None = None, hostname: str | None = None,
-                  foreach_stack: list[dict] | None = None) -> None:
+                  foreach_stack: list[dict] | None = None, seen: dict[tuple, float] | None = None) -> None:
         now = time.time() if started_at is None else started_at
-        cls._ensure_parents(c, flow, run_id, step, user, now)
+        cls._ensure_parents(c, flow, run_id, step, user, now, seen)
+        stack = _dumps(foreach_stack or [])
         c.execute("INSERT OR IGNORE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                  (flow, run_id, step, task_id, int(attempt), "running", now, None, user, hostname,
-                   _dumps(foreach_stack or []), None))
-        cls._refresh_task(c, flow, run_id, step, task_id)
+                  (flow, run_id, step, task_id, int(attempt), "running", now, None, user, hostname, stack, None))
+        # a task's first row (most of a run's) needs no look at its other attempts: there are none
+        if not c.execute(f"INSERT OR IGNORE INTO tasks ({_TASK_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                         (flow, run_id, step, task_id, int(attempt), "running", now, None,
+                          _foreach_index(stack))).rowcount:
+            cls._refresh_task(c, flow, run_id, step, task_id)
 
     @classmethod
-    def _ingest(cls, c: sqlite3.Connection, m: dict[str, Any]) -> None:
+    def _ingest(cls, c: sqlite3.Connection, m: dict[str, Any], seen: dict[tuple, float] | None = None) -> None:
         key = (m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
-        cls._ensure_parents(c, m["flow"], m["run_id"], m["step"], m["user"], m["started_at"])
+        cls._ensure_parents(c, m["flow"], m["run_id"], m["step"], m["user"], m["started_at"], seen)
         c.execute("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                   (*key, m["status"], m["started_at"], m["finished_at"], m["user"], m["hostname"],
                    _dumps(m["foreach_stack"]), _dumps(m)))
@@ -374,7 +385,14 @@ class MetadataDB:
 
     @staticmethod
     def _ensure_parents(c: sqlite3.Connection, flow: str, run_id: str, step: str, user: str | None,
-                        at: float) -> None:
+                        at: float, seen: dict[tuple, float] | None = None) -> None:
+        """The flow, run and step rows exist. ``seen``: the steps this transaction made sure of already, with the
+        earliest time written: a later one changes nothing (a wide foreach indexes hundreds of tasks at once)."""
+        if seen is not None:
+            key = (flow, run_id, step)
+            if key in seen and at >= seen[key]:
+                return
+            seen[key] = min(at, seen.get(key, at))
         c.execute("INSERT OR IGNORE INTO flows VALUES (?, ?)", (flow, at))
         if c.execute("INSERT OR IGNORE INTO runs (flow, run_id, user, status, created_at) VALUES (?,?,?,?,?)",
                      (flow, run_id, user, "running", at)).rowcount and user:
@@ -386,15 +404,12 @@ class MetadataDB:
     def _refresh_task(c: sqlite3.Connection, flow: str, run_id: str, step: str, task_id: str) -> None:
         """Make the task row reflect its latest attempt (attempts may be ingested out of order)."""
         where = (flow, run_id, step, task_id)
-        attempt, status, finished_at, stack = c.execute(
-            "SELECT attempt, status, finished_at, foreach_stack FROM attempts WHERE flow=? AND run_id=? "
-            "AND step=? AND task_id=? ORDER BY attempt DESC LIMIT 1", where).fetchone()
-        (started_at,) = c.execute("SELECT min(started_at) FROM attempts WHERE flow=? AND run_id=? AND step=? "
-                                  "AND task_id=?", where).fetchone()
-        index = [int(f["index"]) if isinstance(f, dict) and f.get("index") is not None else -1
-                 for f in json.loads(stack or "[]")]
+        same = "flow=? AND run_id=? AND step=? AND task_id=?"
+        attempt, status, finished_at, stack, started_at = c.execute(
+            f"SELECT attempt, status, finished_at, foreach_stack, (SELECT min(started_at) FROM attempts WHERE {same}) "
+            f"FROM attempts WHERE {same} ORDER BY attempt DESC LIMIT 1", where + where).fetchone()
         c.execute(f"INSERT OR REPLACE INTO tasks ({_TASK_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                  (*where, attempt, status, started_at, finished_at, _dumps(index)))
+                  (*where, attempt, status, started_at, finished_at, _foreach_index(stack)))
 
     # --- reads -------------------------------------------------------------------------------------
     def list_flows(self) -> list[str]:

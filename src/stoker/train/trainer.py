@@ -373,11 +373,15 @@ def run_training(cfg: TrainConfig | dict[str, Any], *, resume_from: str | None =
     config = as_config(cfg)
     acc = _accelerator(config.train.accelerator)
     created = _init_distributed(acc)
+    finished = False
     try:
         trainer = Trainer(config, resume_from=resume_from)
         result = trainer.fit()
         result["config"] = config.to_dict()
+        finished = True
         return result
     finally:
         if created:
+            if finished:  # no rank tears its connections down while another still uses them (gloo aborts)
+                dist.barrier()
             dist.destroy_process_group()

@@ -44,6 +44,7 @@ WORKER = textwrap.dedent("""
         results.append(r)
     if dist.get_rank() == 0:
         json.dump(results, open(sys.argv[2], "w"))
+    dist.barrier()  # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
 """)
 

@@ -57,15 +57,17 @@ class LocalBackend(Backend):
             self.mode = "fork" if mode == "fork" and hasattr(os, "fork") else "subprocess"
         self.server: forkserver.ForkServer | None = None  # mode forkserver: started at the first member
         self.entry: Callable[[TaskSpec], int] | None = None  # runs a task in a forked child
+        self.preload: Callable[[], None] | None = None  # the imports every task makes, made before forking
         self.jobs: dict[str, _Job] = {}
         self.sel = selectors.DefaultSelector()
         self._ids = itertools.count(1)
         self._sink: Sink = lambda *a: None
         self.reaper: Reaper | None = None  # kills members that outlive a crashed run (started at the first submit)
 
-    def bind(self, entry: Callable[[TaskSpec], int]) -> None:
-        """The in-process task entrypoint a forked member calls (the scheduler's flow class, store, graph)."""
-        self.entry = entry
+    def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
+        """The in-process task entrypoint a forked member calls (the scheduler's flow class, store, graph), and
+        what to import before forking members (once in the fork server, not once per member)."""
+        self.entry, self.preload = entry, preload
 
     def capabilities(self) -> Capabilities:
         from ...monitor.host import local_gpu_count
@@ -203,7 +205,7 @@ class LocalBackend(Backend):
             def run_member(doc: dict, env: dict[str, str], environ: dict[str, str], w_fds: tuple[int, int]) -> int:
                 return fork_child(env, lambda: entry(member_spec(doc)), w_fds, environ=environ)  # type: ignore[misc]
 
-            self.server = forkserver.ForkServer(run_member)
+            self.server = forkserver.ForkServer(run_member, self.preload)
             self.sel.register(self.server.fileno(), selectors.EVENT_READ, (None, 0, "server"))
         return self.server
 

@@ -8,7 +8,8 @@ that: the member runs the same in-process entrypoint (the flow class, store and 
 
 Protocol (two socketpairs): the scheduler sends a request -- an 8-byte length carrying the member's stdout and
 stderr pipe write ends (SCM_RIGHTS), then the pickled (spec document, member env, the scheduler's os.environ)
--- and waits for ``s PID``. The server reaps its children and reports ``x PID EXIT_CODE``; at the end (the
+-- and waits for ``s PID``; the environment travels only when it changed since the last request (None
+otherwise: most of a request's bytes and the server's unpickling). The server reaps its children and reports ``x PID EXIT_CODE``; at the end (the
 request socket closed) it reports ``r CPU_SECONDS`` (its own user + sys time) and exits. Replies are
 SOCK_SEQPACKET packets, one per message. The server ignores SIGINT/SIGTERM/SIGHUP (the scheduler stops members
 itself, in order) and is SIGKILLed when the scheduler dies (PR_SET_PDEATHSIG); its members then get their own
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..._environ import environ_copy
 from ..._process import _PARENT_ONLY_FDS, close_parent_only_fds, die_with_parent
 
 _LEN = struct.Struct("!Q")
@@ -48,7 +50,10 @@ def available() -> bool:
 class ForkServer:
     """The scheduler's end: start members, collect their exit codes."""
 
-    def __init__(self, run_member: Callable[[dict, dict[str, str], dict[str, str], tuple[int, int]], int]) -> None:
+    def __init__(self, run_member: Callable[[dict, dict[str, str], dict[str, str], tuple[int, int]], int],
+                 preload: Callable[[], None] | None = None) -> None:
+        """``preload``: run once in the server before it forks anything (the imports every member makes: made
+        once, inherited by all, instead of once per member)."""
         req_a, req_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         rep_a, rep_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
@@ -64,6 +69,8 @@ class ForkServer:
                 die_with_parent(signal.SIGKILL)
                 if os.getppid() != parent:
                     os._exit(1)
+                if preload is not None:
+                    preload()
                 code = _serve(run_member, req_b, rep_b)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
@@ -76,13 +83,16 @@ class ForkServer:
         self.codes: dict[int, int] = {}
         self.started: deque[int] = deque()
         self.alive = True
+        self._environ: dict[str, str] | None = None  # the environment the server has
 
     def fileno(self) -> int:
         return self.rep.fileno()
 
     def start(self, doc: dict, env: dict[str, str], w_fds: tuple[int, int]) -> int:
         """Have the server fork a member writing to ``w_fds``; its pid."""
-        body = pickle.dumps((doc, env, dict(os.environ)), pickle.HIGHEST_PROTOCOL)
+        environ = environ_copy()
+        body = pickle.dumps((doc, env, None if environ is self._environ else environ), pickle.HIGHEST_PROTOCOL)
+        self._environ = environ
         try:
             socket.send_fds(self.req, [_LEN.pack(len(body))], list(w_fds))
             self.req.sendall(body)
@@ -155,6 +165,7 @@ def _serve(run_member: Callable[..., int], req: socket.socket, rep: socket.socke
     rep.setblocking(False)
     _PARENT_ONLY_FDS.update({req.fileno(), rep.fileno(), wake_r, wake_w})  # a member closes these
     out: deque[bytes] = deque()  # reports the scheduler has not taken yet: the server never blocks on them
+    last_environ: dict[str, str] = {}
     while True:
         ready, writable, _ = select.select([req, wake_r], [rep] if out else [], [])
         if wake_r in ready:
@@ -169,6 +180,7 @@ def _serve(run_member: Callable[..., int], req: socket.socket, rep: socket.socke
             if msg is None:  # the scheduler closed its end
                 break
             (doc, env, environ), fds = msg
+            environ = last_environ = last_environ if environ is None else environ
             try:
                 pid = run_member(doc, env, environ, fds)
             finally:
