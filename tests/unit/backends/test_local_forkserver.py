@@ -27,6 +27,9 @@ def _entry(spec: TaskSpec) -> int:
         return 0
     if kind == "code":
         return 3
+    if kind == "pre":
+        print(f"preloaded by {getattr(sys, '_stoker_test_preloaded', None)} ppid {os.getppid()}")
+        return 0
     time.sleep(60)  # "sleep": cancelled by the test
     return 0
 
@@ -77,6 +80,34 @@ def test_members_are_the_servers_children_with_output_exit_codes_and_the_current
     assert forkserver.SERVER_CPU[0] > cpu_before, "the server reports its CPU time when closed"
     with pytest.raises(ChildProcessError):
         os.waitpid(server.pid, os.WNOHANG)  # reaped by close()
+
+
+def _preload() -> None:
+    sys._stoker_test_preloaded = os.getpid()  # type: ignore[attr-defined]
+
+
+def _broken_preload() -> None:
+    raise ImportError("no such module")
+
+
+@pytest.mark.parametrize("preload", [_preload, _broken_preload])
+def test_the_preload_runs_once_in_the_server_and_a_failing_one_is_only_skipped(preload):
+    """What every task imports is imported by the server, before it forks: members inherit it (a trivial task
+    spent 10-30 ms importing it on its own). A preload that fails costs nothing but the speed-up."""
+    backend = LocalBackend("", mode="forkserver")
+    backend.bind(_entry, preload)
+    out: dict = {}
+    try:
+        refs = [_submit(backend, "pre"), _submit(backend, "pre")]
+        done = _finish(backend, refs, out)
+        server = backend.server.pid
+        assert all(s.exit_code == 0 for s in done.values())
+        who = server if preload is _preload else None
+        for ref in refs:
+            assert out[(ref.job_id, 0, "stdout")].decode() == f"preloaded by {who} ppid {server}\n"
+        assert not hasattr(sys, "_stoker_test_preloaded"), "the scheduler itself imports nothing more"
+    finally:
+        backend.close()
 
 
 def test_cancel_reaches_a_servers_member_and_its_signal_is_the_exit_status():

@@ -203,3 +203,20 @@ def test_manifest_with_partial_foreach_entry_and_extra_fields(db):
     db.ingest_manifest(m)
     assert db.get_task("F", "1", "each", "4").foreach_index == (-1,)
     assert db.get_attempt("F", "1", "each", "4").manifest["next"] == {"steps": ["join"]}
+
+
+def test_one_batch_of_many_tasks_indexes_like_single_writes(db):
+    """The scheduler writes a pass's registrations in one transaction, making sure of a step's rows once per
+    transaction: the step still gets the earliest time, each new task its row and foreach index, and a retry
+    registered in the same batch becomes the task's latest attempt."""
+    stack = lambda i: [{"step": "start", "index": i, "num_splits": 3, "var": "items"}]  # noqa: E731
+    ops = [("register", dict(flow="B", run_id="1", step="sq", task_id=str(i), attempt=0, started_at=t,
+                             user="alice", foreach_stack=stack(i)))
+           for i, t in [(0, 20.0), (1, 10.0), (2, 30.0)]]
+    ops.append(("register", dict(flow="B", run_id="1", step="sq", task_id="0", attempt=1, started_at=40.0,
+                                 user="alice", foreach_stack=stack(0))))
+    db.write_batch(ops)
+    (created,) = db._query("SELECT created_at FROM steps WHERE flow='B' AND run_id='1' AND step='sq'")[0]
+    assert created == 10.0
+    rows = db._query("SELECT task_id, attempt, started_at, foreach_index FROM tasks WHERE flow='B' ORDER BY task_id")
+    assert rows == [("0", 1, 20.0, "[0]"), ("1", 0, 10.0, "[1]"), ("2", 0, 30.0, "[2]")]

@@ -70,7 +70,10 @@ class ForkServer:
                 if os.getppid() != parent:
                     os._exit(1)
                 if preload is not None:
-                    preload()
+                    try:
+                        preload()
+                    except Exception:  # noqa: BLE001 - only a speed-up: each member then imports it, and fails there
+                        pass
                 code = _serve(run_member, req_b, rep_b)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
