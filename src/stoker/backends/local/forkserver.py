@@ -5,15 +5,18 @@ copy-on-write fault on every page the scheduler writes while the member still sh
 scheduler's memory, which grows with the run (~50 us per MB, most of a wide foreach's scheduler CPU). The fork
 server is forked once, at the first member, while the scheduler is still small, and forks every member after
 that: the member runs the same in-process entrypoint (the flow class, store and graph the server inherited).
+Before it forks anything the server runs the backend's ``preload``: the imports every task makes on first use,
+made once and inherited by every member.
 
 Protocol (two socketpairs): the scheduler sends a request -- an 8-byte length carrying the member's stdout and
 stderr pipe write ends (SCM_RIGHTS), then the pickled (spec document, member env, the scheduler's os.environ)
 -- and waits for ``s PID``; the environment travels only when it changed since the last request (None
-otherwise: most of a request's bytes and the server's unpickling). The server reaps its children and reports ``x PID EXIT_CODE``; at the end (the
-request socket closed) it reports ``r CPU_SECONDS`` (its own user + sys time) and exits. Replies are
-SOCK_SEQPACKET packets, one per message. The server ignores SIGINT/SIGTERM/SIGHUP (the scheduler stops members
-itself, in order) and is SIGKILLed when the scheduler dies (PR_SET_PDEATHSIG); its members then get their own
-SIGTERM, and the run's Reaper, which watches every member pid, SIGKILLs what is left after the grace.
+otherwise: it was most of a request's bytes and of the server's unpickling). The server reaps its children and
+reports ``x PID EXIT_CODE``; at the end (the request socket closed) it reports ``r CPU_SECONDS`` (its own user +
+sys time) and exits. Replies are SOCK_SEQPACKET packets, one per message. The server ignores
+SIGINT/SIGTERM/SIGHUP (the scheduler stops members itself, in order) and is SIGKILLed when the scheduler dies
+(PR_SET_PDEATHSIG); its members then get their own SIGTERM, and the run's Reaper, which watches every member
+pid, SIGKILLs what is left after the grace.
 """
 
 from __future__ import annotations
