@@ -195,8 +195,8 @@ class Scheduler:
                                                      task_id=t.task_id, attempt=t.attempt, started_at=now,
                                                      user=self.user, hostname=host)))
         for i, t in enumerate(tasks):
-            t.output = TaskOutput(os.path.join(self.log_root, self.flow, self.run_id, t.step, f"{t.task_id}.{t.attempt}"),
-                                  self._prefix(t), lazy=True)  # created by the first output
+            log_dir = os.path.join(self.log_root, self.flow, self.run_id, t.step, f"{t.task_id}.{t.attempt}")
+            t.output = TaskOutput(log_dir, self._prefix(t), lazy=True)  # created by the first output
             t.job, t.member, t.backend = ref, i, backend
             t.state, t.started, t.deadline, t.stopping, t.stop_reason = "running", 0.0, None, False, None
             self.display.count("running")

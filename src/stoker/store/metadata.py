@@ -86,10 +86,11 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 
-def _foreach_index(stack: str | None) -> str:
-    """The tasks table's foreach_index column from an attempt's foreach_stack column: the split indexes."""
-    return _dumps([int(f["index"]) if isinstance(f, dict) and f.get("index") is not None else -1
-                   for f in json.loads(stack or "[]")])
+def _foreach_index(stack: str | list | None) -> str:
+    """The tasks table's foreach_index column from an attempt's foreach stack (its column's JSON, or the list):
+    the split indexes."""
+    frames = json.loads(stack or "[]") if isinstance(stack, str) or stack is None else stack
+    return _dumps([int(f["index"]) if isinstance(f, dict) and f.get("index") is not None else -1 for f in frames])
 
 
 def _journal_from_env() -> str | None:
@@ -348,7 +349,7 @@ class MetadataDB:
         # a task's first row (most of a run's) needs no look at its other attempts: there are none
         if not c.execute(f"INSERT OR IGNORE INTO tasks ({_TASK_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
                          (flow, run_id, step, task_id, int(attempt), "running", now, None,
-                          _foreach_index(stack))).rowcount:
+                          _foreach_index(foreach_stack))).rowcount:
             cls._refresh_task(c, flow, run_id, step, task_id)
 
     @classmethod
