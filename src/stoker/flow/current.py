@@ -89,8 +89,32 @@ class Current:
         if path is None:
             return None
         from ..store.client import Task
+        from ..store.namespaces import NotFound
 
+        try:
+            return Task(path, _namespace_check=False)
+        except NotFound:  # the scheduler indexes the tasks it started once they are forked: this one came first
+            if not self._register_self():
+                raise
         return Task(path, _namespace_check=False)
+
+    def _register_self(self) -> bool:
+        """Index the running attempt as the scheduler would (``running``; idempotent, the scheduler's own later
+        registration then changes nothing); False when the index cannot be reached from here."""
+        import socket
+
+        from ..store.client_base import client_db
+
+        v = self._values
+        try:
+            if client_db().get_run(v["flow_name"], v["run_id"]) is None:  # not a run's task: invent nothing
+                return False
+            client_db().register_attempt(v["flow_name"], v["run_id"], v["step_name"], v["task_id"],
+                                         int(v.get("retry_count") or 0), user=v.get("username"),
+                                         hostname=socket.gethostname())
+        except Exception:  # noqa: BLE001 - e.g. a remote node without the index: the NotFound stands
+            return False
+        return True
 
     @property
     def run(self) -> Any:

@@ -23,7 +23,7 @@ Task = Any  # a stoker.store.client.Task (not imported: client imports this modu
 _MISSING = object()
 _home: Path | None = None  # set by metadata(): the stoker home the client reads instead of the default one
 _lock = threading.Lock()
-_dbs: dict[Path, MetadataDB] = {}
+_dbs: dict[tuple[Path, int], MetadataDB] = {}  # (path, pid) -> its connection
 
 
 class Metadata(NamedTuple):
@@ -40,11 +40,11 @@ def client_db() -> MetadataDB:
     """The metadata index the client reads: the one chosen with :func:`metadata`, else the default one."""
     if _home is None:
         return default_db()
-    path = _home / "metadata.db"
+    key = (_home / "metadata.db", os.getpid())  # a forked task must not use its parent's SQLite connection
     with _lock:
-        if path not in _dbs:
-            _dbs[path] = MetadataDB(path)
-        return _dbs[path]
+        if key not in _dbs:
+            _dbs[key] = MetadataDB(key[0])
+        return _dbs[key]
 
 
 def client_store() -> BlobStore:

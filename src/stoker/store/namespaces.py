@@ -6,6 +6,7 @@ Every run is tagged ``user:<name>``. The client only shows runs carrying the cur
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from stoker.store.paths import current_user, default_db_path, default_store_url
 _UNSET = object()
 _namespace: object = _UNSET
 _lock = threading.Lock()
-_dbs: dict[Path, MetadataDB] = {}
+_dbs: dict[tuple[Path, int], MetadataDB] = {}  # (path, pid) -> its connection
 _stores: dict[str, BlobStore] = {}
 
 
@@ -62,12 +63,13 @@ def get_namespace() -> str | None:
 
 
 def default_db() -> MetadataDB:
-    """The metadata index at the default location (one connection per path, reused)."""
-    path = default_db_path()
+    """The metadata index at the default location (one connection per path and process, reused: a forked task
+    must not use its parent's SQLite connection)."""
+    key = (default_db_path(), os.getpid())
     with _lock:
-        if path not in _dbs:
-            _dbs[path] = MetadataDB(path)
-        return _dbs[path]
+        if key not in _dbs:
+            _dbs[key] = MetadataDB(key[0])
+        return _dbs[key]
 
 
 def default_store() -> BlobStore:
