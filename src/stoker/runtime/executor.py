@@ -165,6 +165,11 @@ class Backend(ABC):
     @abstractmethod
     def submit(self, request: Request) -> JobRef: ...
 
+    def dispatch(self) -> None:
+        """Start what submit() has queued (a backend that starts a pass's submissions together); the scheduler
+        calls it after each admission pass."""
+        return None
+
     @abstractmethod
     def poll(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         """Statuses keyed by job_id, in one engine call for all refs. A ref missing from the answer is
@@ -181,6 +186,11 @@ class Backend(ABC):
     def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
         """The in-process task entrypoint, for a backend that forks members from the scheduler, and what to
         import before it forks them."""
+        return None
+
+    def handed(self, ref: JobRef, member: int) -> bytes | None:
+        """The manifest member `member` handed over as it finished (runtime/handover.py), or None: the scheduler
+        reads it from the store. Only a backend whose members are the run's own processes has any."""
         return None
 
     def wait(self, timeout: float, sink: Sink) -> None:

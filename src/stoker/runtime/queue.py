@@ -1,8 +1,8 @@
 """The scheduler's tasks and the indices over them: no loop of the scheduler scans every task of the run.
 
 A 10,000-way foreach has 10,000 pending tasks while 16 run: admission must look at the few it can start, not
-at all of them, every time one finishes. Every change of `Task.state` goes through `Task.__setattr__` to
-`TaskIndex.moved`, so the counts, the per-state sets and the pending queue cannot drift from the tasks.
+at all of them, every time one finishes. Every change of `Task.state` goes through
+`TaskIndex.moved` (the `_State` descriptor), so the counts, the per-state sets and the pending queue cannot drift from the tasks.
 
 The pending queue: a unit (a task, or a whole gang) enters it when it becomes pending, waits in a heap until its
 `not_before` (a retry's delay) and then sits in a ready heap, oldest first, per (step, unit size). Units of one
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any
 
 from .executor import Backend, JobRef
 from .output import TaskOutput
@@ -24,6 +23,21 @@ STATES = ("pending", "running", "ok", "failed", "killed")
 
 def frames_key(frames: list[dict]) -> tuple:
     return tuple((f["step"], f["index"]) for f in frames)
+
+
+class _State:
+    """``Task.state``: every change reaches the task's index (a data descriptor: no other attribute pays for it)."""
+
+    def __get__(self, t: Task | None, owner: type | None = None) -> str:
+        return "pending" if t is None else t.__dict__["_state"]  # (None: the dataclass asks for the default)
+
+    def __set__(self, t: Task, value: str) -> None:
+        d = t.__dict__
+        old = d.get("_state")
+        d["_state"] = value
+        index = d.get("_index")
+        if index is not None and old != value:
+            index.moved(t, old, value)
 
 
 @dataclass
@@ -36,7 +50,7 @@ class Task:
     parallel: dict | None = None
     gang: str | None = None
     attempt: int = 0
-    state: str = "pending"  # pending | running | ok | failed | killed
+    state: str = _State()  # type: ignore[assignment]  # pending | running | ok | failed | killed
     not_before: float = 0.0
     job: JobRef | None = None  # the submission this attempt belongs to (shared by a gang / an array)
     member: int = 0  # its place in that submission
@@ -52,16 +66,6 @@ class Task:
     exit_code: int | None = None
     cloned: bool = False
     iteration: tuple = ()  # the pass of each enclosing recursive switch (a step that switches back to itself)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name != "state":
-            object.__setattr__(self, name, value)
-            return
-        old = self.__dict__.get("state")
-        object.__setattr__(self, name, value)
-        index = self.__dict__.get("_index")
-        if index is not None and old != value:
-            index.moved(self, old, value)
 
     @property
     def key(self) -> tuple:
@@ -90,7 +94,7 @@ class TaskIndex:
         self._queued: set[str] = set()  # unit keys in _waiting or _ready
 
     def add(self, t: Task) -> None:
-        object.__setattr__(t, "_index", self)
+        t.__dict__["_index"] = self
         self.all.append(t)
         self.by_id[t.task_id] = t
         if t.gang:

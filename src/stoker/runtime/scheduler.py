@@ -21,7 +21,14 @@ from ..errors import StokerError
 from ..flow.decorators import get_decorator
 from ..flow.graph import FlowGraph
 from ..store.blob import BlobStore
-from ..store.manifest import clone_manifest, log_name, manifest_name, manifest_outcome, write_manifest
+from ..store.manifest import (
+    clone_manifest,
+    handed_manifest,
+    log_name,
+    manifest_name,
+    manifest_outcome,
+    write_manifest,
+)
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
 from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, retry_preempted
@@ -159,6 +166,8 @@ class Scheduler:
         for (name, _, _), tasks in arrays.items():  # one array a step, the engine runs max_workers at once
             for i in range(0, len(tasks), MAX_ARRAY):
                 self._submit(tasks[i:i + MAX_ARRAY], self.backends[name])
+        for b in self.backends.values():  # e.g. the local fork server forks this pass's members in one request
+            b.dispatch()
 
     def _submit(self, tasks: list[Task], backend: Backend) -> None:
         try:
@@ -461,7 +470,7 @@ class Scheduler:
         self.display.count("running", -1)
         t.exit_code = code
         t.engine_reason = reason
-        m, untrusted = manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))
+        m, untrusted = self._outcome(t)
         if m is None and code != 0 and not untrusted:  # it died: its log (and the console) says how
             cut = b"\n" if t.output.partial["stderr"] else b""  # on its own line, after what it printed last
             for line in t.output.feed("stderr", cut + crash_note(code, t.stop_reason or reason).encode()):
@@ -497,6 +506,15 @@ class Scheduler:
             self._gang_failed(t)
         else:
             self._retry_or_fail([t])
+
+    def _outcome(self, t: Task) -> tuple[dict | None, str | None]:
+        """The attempt's manifest as its member handed it over (a local member: no read, no signature check),
+        else as the store has it (see manifest_outcome)."""
+        data = t.backend.handed(t.job, t.member)
+        m = handed_manifest(data, self.flow, self.run_id, t.step, t.task_id, t.attempt) if data else None
+        if m is not None:
+            return m, None
+        return manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))
 
     @staticmethod
     def _settle(t: Task) -> None:

@@ -128,6 +128,11 @@ def write_manifest(store: BlobStore, manifest: dict[str, Any]) -> str:
 
     ``manifest`` gets the signature (and its pickled artifacts their owner, see stoker.store.signing) as
     written, so indexing it gives the same rows as indexing the stored copy."""
+    return store_manifest(store, manifest)[0]
+
+
+def store_manifest(store: BlobStore, manifest: dict[str, Any]) -> tuple[str, bytes]:
+    """:func:`write_manifest`, also returning the bytes stored (a local member hands them to its scheduler)."""
     m = validate_manifest(manifest)
     name = manifest_name(m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
     mark_owner(m["artifacts"], m["user"], pathspec(m["flow"], m["run_id"]))
@@ -136,9 +141,10 @@ def write_manifest(store: BlobStore, manifest: dict[str, Any]) -> str:
         signed = sign(store.url, name, m)
     except (TypeError, ValueError) as e:
         raise StoreError(f"manifest {name} is not JSON-serializable: {e}") from e
-    store.write(name, json.dumps(signed, sort_keys=True).encode())
+    data = json.dumps(signed, sort_keys=True).encode()
+    store.write(name, data)
     manifest[SIGNATURE] = signed[SIGNATURE]
-    return name
+    return name, data
 
 
 def read_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: str,
@@ -183,6 +189,28 @@ def latest_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id
 def list_manifests(store: BlobStore, flow: str, run_id: str) -> list[str]:
     """Object names of every attempt manifest of a run (to rebuild the index from the store)."""
     return [n for n in store.list(run_prefix(flow, run_id)) if n.endswith("/manifest.json")]
+
+
+class StoredManifest(dict):
+    """A manifest with ``text``, the JSON it is stored as (indexing it then costs no serialization)."""
+
+    text: str = ""
+
+
+def handed_manifest(data: bytes, flow: str, run_id: str, step: str, task_id: str,
+                    attempt: int) -> StoredManifest | None:
+    """The manifest a local member handed over (runtime/handover.py): the bytes it stored, sent on a socket only
+    the run's processes hold, so they need no signature check. None when they are not this attempt's manifest
+    (the scheduler then reads it from the store)."""
+    try:
+        m = StoredManifest(json.loads(data))
+    except (ValueError, TypeError):
+        return None
+    if (m.get("flow"), m.get("run_id"), m.get("step"), m.get("task_id"), m.get("attempt")) != \
+            (flow, run_id, step, task_id, attempt):
+        return None
+    m.text = data.decode()
+    return m
 
 
 def manifest_outcome(store: BlobStore, name: str) -> tuple[dict | None, str | None]:

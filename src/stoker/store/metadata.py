@@ -82,8 +82,7 @@ _TASK_COLS = "flow, run_id, step, task_id, attempt, status, started_at, finished
 _ATTEMPT_COLS = "flow, run_id, step, task_id, attempt, status, started_at, finished_at, user, hostname, manifest"
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)
+_dumps = json.JSONEncoder(sort_keys=True, default=str).encode  # json.dumps with these builds an encoder per call
 
 
 def _foreach_index(stack: str | list | None) -> str:
@@ -91,6 +90,14 @@ def _foreach_index(stack: str | list | None) -> str:
     the split indexes."""
     frames = json.loads(stack or "[]") if isinstance(stack, str) or stack is None else stack
     return _dumps([int(f["index"]) if isinstance(f, dict) and f.get("index") is not None else -1 for f in frames])
+
+
+def _checked_manifest(m: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A manifest to index, normalized, with the JSON text it was stored as when that is still its content (a
+    StoredManifest's ``text``): the attempts row then takes the text as it is, with no serialization."""
+    out = validate_manifest(m)
+    text = getattr(m, "text", None)
+    return out, (text if text and out == m else None)
 
 
 def _journal_from_env() -> str | None:
@@ -326,12 +333,12 @@ class MetadataDB:
         """Apply ``("register", register_attempt keyword arguments)`` and ``("ingest", manifest)`` operations in
         order, in ONE transaction: all of them or none (the scheduler indexes what one pass started and ended
         at once; a transaction costs more than the rows it writes)."""
-        checked = [(kind, validate_manifest(arg) if kind == "ingest" else arg) for kind, arg in ops]
+        checked = [(kind, _checked_manifest(arg) if kind == "ingest" else arg) for kind, arg in ops]
         seen: dict[tuple, float] = {}  # (flow, run_id, step) whose rows this transaction made sure of -> earliest time
         with self._tx() as c:
             for kind, arg in checked:
                 if kind == "ingest":
-                    self._ingest(c, arg, seen)
+                    self._ingest(c, *arg, seen=seen)
                 elif kind == "register":
                     self._register(c, **arg, seen=seen)
                 else:
@@ -353,17 +360,19 @@ class MetadataDB:
             cls._refresh_task(c, flow, run_id, step, task_id)
 
     @classmethod
-    def _ingest(cls, c: sqlite3.Connection, m: dict[str, Any], seen: dict[tuple, float] | None = None) -> None:
+    def _ingest(cls, c: sqlite3.Connection, m: dict[str, Any], text: str | None = None,
+                seen: dict[tuple, float] | None = None) -> None:
         key = (m["flow"], m["run_id"], m["step"], m["task_id"], m["attempt"])
         cls._ensure_parents(c, m["flow"], m["run_id"], m["step"], m["user"], m["started_at"], seen)
         c.execute("INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                   (*key, m["status"], m["started_at"], m["finished_at"], m["user"], m["hostname"],
-                   _dumps(m["foreach_stack"]), _dumps(m)))
+                   _dumps(m["foreach_stack"]), text or _dumps(m)))
         c.execute("DELETE FROM artifacts WHERE flow=? AND run_id=? AND step=? AND task_id=? AND attempt=?", key)
         c.executemany("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
             (*key, name, d.get("kind"), d.get("type"), d.get("sha"), d.get("size"), _dumps(d))
             for name, d in m["artifacts"].items()])
-        cls._refresh_task(c, m["flow"], m["run_id"], m["step"], m["task_id"])
+        cls._refresh_task(c, m["flow"], m["run_id"], m["step"], m["task_id"],
+                          known=(m["attempt"], _foreach_index(m["foreach_stack"])))
 
     def ingest_run_from_store(self, store: Any, flow: str, run_id: str) -> int:
         """(Re)index a run from the blob store: its record (``run.json``, if written) and every
@@ -402,15 +411,18 @@ class MetadataDB:
                   "created_at=min(created_at, excluded.created_at)", (flow, run_id, step, at))
 
     @staticmethod
-    def _refresh_task(c: sqlite3.Connection, flow: str, run_id: str, step: str, task_id: str) -> None:
-        """Make the task row reflect its latest attempt (attempts may be ingested out of order)."""
+    def _refresh_task(c: sqlite3.Connection, flow: str, run_id: str, step: str, task_id: str,
+                      known: tuple[int, str] | None = None) -> None:
+        """Make the task row reflect its latest attempt (attempts may be ingested out of order). ``known``: an
+        attempt and its foreach_index, already at hand (not parsed again from the attempt's row)."""
         where = (flow, run_id, step, task_id)
         same = "flow=? AND run_id=? AND step=? AND task_id=?"
         attempt, status, finished_at, stack, started_at = c.execute(
             f"SELECT attempt, status, finished_at, foreach_stack, (SELECT min(started_at) FROM attempts WHERE {same}) "
             f"FROM attempts WHERE {same} ORDER BY attempt DESC LIMIT 1", where + where).fetchone()
         c.execute(f"INSERT OR REPLACE INTO tasks ({_TASK_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                  (*where, attempt, status, started_at, finished_at, _foreach_index(stack)))
+                  (*where, attempt, status, started_at, finished_at,
+                   known[1] if known and known[0] == attempt else _foreach_index(stack)))
 
     # --- reads -------------------------------------------------------------------------------------
     def list_flows(self) -> list[str]:

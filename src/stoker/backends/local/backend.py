@@ -21,13 +21,14 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..._process import Reaper
+from ..._process import _PARENT_ONLY_FDS, Reaper
+from ...runtime import handover
 from ...runtime.executor import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
 from ...runtime.failures import kill_grace
 from ...runtime.node import member_spec
 from ...runtime.spec import TaskSpec
 from . import forkserver
-from .process import Member, fork_child, fork_member, server_member, spawn_member
+from .process import Member, fork_child, fork_member, server_members, spawn_member
 
 
 def free_port() -> int:
@@ -63,6 +64,10 @@ class LocalBackend(Backend):
         self._ids = itertools.count(1)
         self._sink: Sink = lambda *a: None
         self.reaper: Reaper | None = None  # kills members that outlive a crashed run (started at the first submit)
+        self.results: socket.socket | None = None  # forked members hand their manifests over on it (handover.py)
+        self.results_fd = -1  # its members' end
+        self.handed_over: dict[int, bytes] = {}  # member pid -> the manifest it handed over, until asked for
+        self._starting: list[tuple[_Job, dict, dict[str, str]]] = []  # submitted, forked at the next _start()
 
     def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
         """The in-process task entrypoint a forked member calls (the scheduler's flow class, store, graph), and
@@ -97,32 +102,50 @@ class LocalBackend(Backend):
         unit = request.unit
         port = free_port() if unit.kind == "gang" else None  # fresh per attempt: stragglers may hold the last
         doc = {"kind": unit.kind, "specs": [s.__dict__ for s in unit.specs]}
-        members = []
-        for i in range(unit.size):
-            env = {**unit.env, **self._member_env(unit, i, port)}
-            if self.mode == "forkserver" and self.entry is not None:
-                m = server_member(self._server(), doc, env)
-            elif self.mode == "fork" and self.entry is not None:
-                m = fork_member(env, lambda entry=self.entry: entry(member_spec(doc)))
-            else:
-                m = spawn_member(self.flow_file, member_spec(doc, env), env)
-            members.append(m)
-            if self.reaper is None:
-                self.reaper = Reaper(kill_grace())
-            self.reaper.watch(m.pid)
+        if self.results is None and self.mode != "subprocess" and self.entry is not None:
+            self._open_results()
+        if self.reaper is None:
+            self.reaper = Reaper(kill_grace())
         ref = JobRef(self.name, f"local-{next(self._ids)}", members=unit.size, kind=unit.kind, step=unit.step,
-                     task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt,
-                     extra={"pids": [m.pid for m in members]})
-        job = _Job(ref, members)
+                     task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt, extra={"pids": []})
+        job = _Job(ref, [])
         self.jobs[ref.job_id] = job
-        for i, m in enumerate(members):
-            for fd, stream in zip(m.fds, ("stdout", "stderr"), strict=False):
-                self.sel.register(fd, selectors.EVENT_READ, (job, i, stream))
-            if m.exit_fd is not None:
-                self.sel.register(m.exit_fd, selectors.EVENT_READ, (job, i, "exit"))
+        envs = [{**unit.env, **self._member_env(unit, i, port)} for i in range(unit.size)]
+        if self.mode == "forkserver" and self.entry is not None:  # forked with the rest of this pass's (_start)
+            self._starting += [(job, doc, env) for env in envs]
+            return ref
+        for env in envs:
+            if self.mode == "fork" and self.entry is not None:
+                self._started(job, fork_member(env, lambda entry=self.entry: entry(member_spec(doc))))
+            else:
+                self._started(job, spawn_member(self.flow_file, member_spec(doc, env), env))
         return ref
 
+    def dispatch(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        """Fork the members submitted since the last call, in one request to the fork server (the scheduler's
+        dispatch() after a pass; also before anything looks at members: wait, poll, cancel, logs, handed)."""
+        if not self._starting:
+            return
+        starting, self._starting = self._starting, []
+        for (job, _, _), m in zip(starting, server_members(self._server(), [(doc, env) for _, doc, env in starting]),
+                                  strict=True):
+            self._started(job, m)
+
+    def _started(self, job: _Job, m: Member) -> None:
+        i = len(job.members)
+        job.members.append(m)
+        job.ref.extra["pids"].append(m.pid)
+        self.reaper.watch(m.pid)  # type: ignore[union-attr]
+        for fd, stream in zip(m.fds, ("stdout", "stderr"), strict=False):
+            self.sel.register(fd, selectors.EVENT_READ, (job, i, stream))
+        if m.exit_fd is not None:
+            self.sel.register(m.exit_fd, selectors.EVENT_READ, (job, i, "exit"))
+
     def poll(self, refs: list[JobRef]) -> dict[str, JobStatus]:
+        self._start()
         out: dict[str, JobStatus] = {}
         now = time.time()
         for ref in refs:
@@ -152,7 +175,16 @@ class LocalBackend(Backend):
                 del self.jobs[ref.job_id]
         return out
 
+    def handed(self, ref: JobRef, member: int) -> bytes | None:
+        self._start()
+        job_pids = (ref.extra or {}).get("pids") or []
+        if member >= len(job_pids) or self.results is None:
+            return None
+        handover.receive(self.results, self.handed_over)  # sent before the member exited: it is there by now
+        return self.handed_over.pop(job_pids[member], None)
+
     def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
+        self._start()  # (a member not yet forked is forked and stopped: it never runs far)
         job = self.jobs.get(ref.job_id)
         if job is None or (job.kill_at is not None and grace > 0):  # already stopping; grace 0 (a second Ctrl-C) kills now
             return
@@ -162,10 +194,12 @@ class LocalBackend(Backend):
         job.kill_at = time.time() + max(0.0, grace)
 
     def logs(self, ref: JobRef, member: int = 0, stream: str = "stdout") -> bytes:
+        self._start()
         job = self.jobs.get(ref.job_id)
         return bytes(job.members[member].tail[stream]) if job else b""
 
     def wait(self, timeout: float, sink: Sink) -> None:
+        self._start()
         self._sink = sink
         if self.reaper is not None:
             self.reaper.flush()  # the members this pass started, in one write
@@ -174,7 +208,9 @@ class LocalBackend(Backend):
             return
         for key, _ in self.sel.select(timeout):
             job, i, stream = key.data
-            if stream == "server":  # members' exit codes: poll() collects them
+            if stream == "result":  # finished members' manifests: the scheduler asks for them (handed())
+                handover.receive(self.results, self.handed_over)  # type: ignore[arg-type]
+            elif stream == "server":  # members' exit codes: poll() collects them
                 self.server.pump()  # type: ignore[union-attr]
                 if not self.server.alive:  # type: ignore[union-attr]
                     self.sel.unregister(key.fd)  # its members are reported exited (code 1) from now on
@@ -185,17 +221,33 @@ class LocalBackend(Backend):
                 self._read(job, i, stream, key.fd)
 
     def close(self) -> None:
+        self._starting = []  # never forked: nothing to stop
         if self.server is not None:
             if self.server.fileno() in self.sel.get_map():
                 self.sel.unregister(self.server.fileno())
             self.server.close()
             self.server = None
+        if self.results is not None:
+            self.sel.unregister(self.results.fileno())
+            _PARENT_ONLY_FDS.discard(self.results.fileno())
+            self.results.close()
+            os.close(self.results_fd)
+            self.results, self.results_fd = None, -1
+            handover.offer(-1)
         for fd in list(self.sel.get_map()):
             self._close(fd)
         self.sel.close()
         if self.reaper is not None:
             self.reaper.done()
             self.reaper = None
+
+    def _open_results(self) -> None:
+        """The socket forked members hand their manifests over on: made before the fork server, which inherits
+        the members' end (so do members forked here); the scheduler's end is closed in every child."""
+        self.results, self.results_fd = handover.channel()
+        _PARENT_ONLY_FDS.add(self.results.fileno())
+        handover.offer(self.results_fd)
+        self.sel.register(self.results.fileno(), selectors.EVENT_READ, (None, 0, "result"))
 
     def _server(self) -> forkserver.ForkServer:
         """The fork server, started at the first member (while the scheduler is still small)."""

@@ -8,10 +8,11 @@ that: the member runs the same in-process entrypoint (the flow class, store and 
 Before it forks anything the server runs the backend's ``preload``: the imports every task makes on first use,
 made once and inherited by every member.
 
-Protocol (two socketpairs): the scheduler sends a request -- an 8-byte length carrying the member's stdout and
-stderr pipe write ends (SCM_RIGHTS), then the pickled (spec document, member env, the scheduler's os.environ)
--- and waits for ``s PID``; the environment travels only when it changed since the last request (None
-otherwise: it was most of a request's bytes and of the server's unpickling). The server reaps its children and
+Protocol (two socketpairs): the scheduler sends a request for one or more members -- an 8-byte length carrying
+each member's stdout and stderr pipe write ends (SCM_RIGHTS), then the pickled ([(spec document, member env)],
+the scheduler's os.environ) -- and waits for ``s PID PID ...``, one pid per member in order; the environment
+travels only when it changed since the last request (None otherwise: it was most of a request's bytes and of
+the server's unpickling). The members one scheduler pass starts go in one request. The server reaps its children and
 reports ``x PID EXIT_CODE``; at the end (the request socket closed) it reports ``r CPU_SECONDS`` (its own user +
 sys time) and exits. Replies are SOCK_SEQPACKET packets, one per message. The server ignores
 SIGINT/SIGTERM/SIGHUP (the scheduler stops members itself, in order) and is SIGKILLed when the scheduler dies
@@ -39,6 +40,8 @@ from ..._environ import environ_copy
 from ..._process import _PARENT_ONLY_FDS, close_parent_only_fds, die_with_parent
 
 _LEN = struct.Struct("!Q")
+MAX_BATCH = 100  # members per request: 200 fds (the kernel takes up to 253 in one message)
+_REPLY = 16 + 12 * MAX_BATCH  # the longest report: "s" and a pid per member
 SERVER_CPU = [0.0]  # user + sys seconds of the fork servers this process closed (the benchmark adds it)
 
 
@@ -87,7 +90,7 @@ class ForkServer:
         rep_a.setblocking(False)
         self.pid, self.req, self.rep = pid, req_a, rep_a
         self.codes: dict[int, int] = {}
-        self.started: deque[int] = deque()
+        self.started: deque[list[int]] = deque()  # the pids of each request, in order
         self.alive = True
         self._environ: dict[str, str] | None = None  # the environment the server has
 
@@ -96,11 +99,23 @@ class ForkServer:
 
     def start(self, doc: dict, env: dict[str, str], w_fds: tuple[int, int]) -> int:
         """Have the server fork a member writing to ``w_fds``; its pid."""
+        return self.start_many([(doc, env, w_fds)])[0]
+
+    def start_many(self, members: list[tuple[dict, dict[str, str], tuple[int, int]]]) -> list[int]:
+        """Have the server fork members, each (spec document, member env, stdout/stderr write ends), in one
+        request; their pids, in order."""
+        pids: list[int] = []
+        for i in range(0, len(members), MAX_BATCH):
+            pids += self._request(members[i:i + MAX_BATCH])
+        return pids
+
+    def _request(self, members: list[tuple[dict, dict[str, str], tuple[int, int]]]) -> list[int]:
         environ = environ_copy()
-        body = pickle.dumps((doc, env, None if environ is self._environ else environ), pickle.HIGHEST_PROTOCOL)
+        body = pickle.dumps(([(doc, env) for doc, env, _ in members], None if environ is self._environ else environ),
+                            pickle.HIGHEST_PROTOCOL)
         self._environ = environ
         try:
-            socket.send_fds(self.req, [_LEN.pack(len(body))], list(w_fds))
+            socket.send_fds(self.req, [_LEN.pack(len(body))], [fd for _, _, fds in members for fd in fds])
             self.req.sendall(body)
         except OSError as e:
             self.alive = False
@@ -117,7 +132,7 @@ class ForkServer:
         """Read the server's reports that have arrived (never blocks)."""
         while True:
             try:
-                data = self.rep.recv(128)
+                data = self.rep.recv(_REPLY)
             except BlockingIOError:
                 return
             except OSError:
@@ -127,7 +142,7 @@ class ForkServer:
                 return
             kind, *rest = data.split()
             if kind == b"s":
-                self.started.append(int(rest[0]))
+                self.started.append([int(p) for p in rest])
             elif kind == b"x":
                 self.codes[int(rest[0])] = int(rest[1])
             elif kind == b"r":
@@ -185,14 +200,16 @@ def _serve(run_member: Callable[..., int], req: socket.socket, rep: socket.socke
             msg = _recv(req)
             if msg is None:  # the scheduler closed its end
                 break
-            (doc, env, environ), fds = msg
+            (members, environ), fds = msg
             environ = last_environ = last_environ if environ is None else environ
+            pids = []
             try:
-                pid = run_member(doc, env, environ, fds)
+                for i, (doc, env) in enumerate(members):
+                    pids.append(run_member(doc, env, environ, (fds[2 * i], fds[2 * i + 1])))
             finally:
                 for fd in fds:
                     os.close(fd)
-            out.append(b"s %d" % pid)
+            out.append(b"s" + b"".join(b" %d" % pid for pid in pids))
         _send(rep, out)
     r = resource.getrusage(resource.RUSAGE_SELF)
     out.append(b"r %.6f" % (r.ru_utime + r.ru_stime))
@@ -224,8 +241,8 @@ def _send(rep: socket.socket, out: deque[bytes]) -> None:
         out.popleft()
 
 
-def _recv(req: socket.socket) -> tuple[Any, tuple[int, int]] | None:
-    head, fds, _, _ = socket.recv_fds(req, _LEN.size, 2)
+def _recv(req: socket.socket) -> tuple[Any, list[int]] | None:
+    head, fds, _, _ = socket.recv_fds(req, _LEN.size, 2 * MAX_BATCH)
     if not head:
         return None
     while len(head) < _LEN.size:
@@ -240,4 +257,4 @@ def _recv(req: socket.socket) -> tuple[Any, tuple[int, int]] | None:
         if not chunk:
             return None
         body += chunk
-    return pickle.loads(body), (fds[0], fds[1])
+    return pickle.loads(body), fds

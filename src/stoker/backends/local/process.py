@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..._process import close_parent_only_fds, die_with_parent, signal_tree
+from ...runtime import handover
 from ...runtime.spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -84,21 +85,23 @@ def fork_member(env: dict[str, str], entry: Callable[[], int]) -> Member:
     return Member(pid, (r_out, r_err))
 
 
-def server_member(server: ForkServer, doc: dict, env: dict[str, str]) -> Member:
-    """A member forked by the fork server (STOKER_TASK_LAUNCH=forkserver): the pipes are made here, their write
-    ends go to the server with the request."""
-    r_out, w_out = os.pipe()
-    r_err, w_err = os.pipe()
+def server_members(server: ForkServer, starts: list[tuple[dict, dict[str, str]]]) -> list[Member]:
+    """Members forked by the fork server (STOKER_TASK_LAUNCH=forkserver), each from (spec document, env), in one
+    request: the pipes are made here, their write ends go to the server with the request."""
+    pipes = [(os.pipe(), os.pipe()) for _ in starts]
     try:
-        pid = server.start(doc, env, (w_out, w_err))
+        pids = server.start_many([(doc, env, (out[1], err[1])) for (doc, env), (out, err) in zip(starts, pipes,
+                                                                                                 strict=True)])
     except BaseException:
-        os.close(r_out)
-        os.close(r_err)
+        for out, err in pipes:
+            os.close(out[0])
+            os.close(err[0])
         raise
     finally:
-        os.close(w_out)
-        os.close(w_err)
-    return Member(pid, (r_out, r_err), server=server)
+        for out, err in pipes:
+            os.close(out[1])
+            os.close(err[1])
+    return [Member(pid, (out[0], err[0]), server=server) for pid, (out, err) in zip(pids, pipes, strict=True)]
 
 
 def fork_child(env: dict[str, str], entry: Callable[[], int], w_fds: tuple[int, int], close: tuple[int, ...] = (),
@@ -118,6 +121,7 @@ def fork_child(env: dict[str, str], entry: Callable[[], int], w_fds: tuple[int, 
         try:
             os.setsid()
             close_parent_only_fds()
+            handover.claim()  # this member hands its manifest over on the socket its backend offered
             die_with_parent()
             if os.getppid() != parent:  # the scheduler died before prctl took effect
                 os._exit(1)
