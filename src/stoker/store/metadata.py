@@ -26,7 +26,7 @@ from typing import Any
 
 from stoker.errors import ConfigError, StoreError
 from stoker.store.fsinfo import MOUNTS_FILE, filesystem_type, is_network_fs
-from stoker.store.manifest import list_manifests, validate_manifest
+from stoker.store.manifest import StoredManifest, list_manifests, validate_manifest
 from stoker.store.records import (
     MAX_USER_TAG_SET_SIZE,
     RUN_STATUSES,
@@ -93,11 +93,12 @@ def _foreach_index(stack: str | list | None) -> str:
 
 
 def _checked_manifest(m: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """A manifest to index, normalized, with the JSON text it was stored as when that is still its content (a
-    StoredManifest's ``text``): the attempts row then takes the text as it is, with no serialization."""
+    """A manifest to index, normalized, and the JSON text it was stored as when known (a StoredManifest, which a
+    local member handed over as it wrote it): the attempts row then takes the text as it is."""
+    if isinstance(m, StoredManifest) and m.text:  # a local member's, handed over: validated when it was written
+        return m, m.text
     out = validate_manifest(m)
-    text = getattr(m, "text", None)
-    return out, (text if text and out == m else None)
+    return out, None
 
 
 def _journal_from_env() -> str | None:

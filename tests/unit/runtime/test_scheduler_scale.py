@@ -46,6 +46,9 @@ class FakeBackend:
     def capabilities(self) -> Capabilities:
         return Capabilities(cpus=64, memory_mb=1 << 20)
 
+    def dispatch(self) -> None:
+        pass
+
 
 def _scheduler(tmp_path, n: int, max_workers: int = 2) -> tuple[Scheduler, list[Task]]:
     backend = FakeBackend()

@@ -68,6 +68,7 @@ class LocalBackend(Backend):
         self.results_fd = -1  # its members' end
         self.handed_over: dict[int, bytes] = {}  # member pid -> the manifest it handed over, until asked for
         self._starting: list[tuple[_Job, dict, dict[str, str]]] = []  # submitted, forked at the next _start()
+        self._owner: dict[int, tuple[_Job, int]] = {}  # a watched pipe or pidfd -> its member (job, index)
 
     def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
         """The in-process task entrypoint a forked member calls (the scheduler's flow class, store, graph), and
@@ -140,9 +141,9 @@ class LocalBackend(Backend):
         job.ref.extra["pids"].append(m.pid)
         self.reaper.watch(m.pid)  # type: ignore[union-attr]
         for fd, stream in zip(m.fds, ("stdout", "stderr"), strict=False):
-            self.sel.register(fd, selectors.EVENT_READ, (job, i, stream))
+            self._watch(fd, job, i, stream)
         if m.exit_fd is not None:
-            self.sel.register(m.exit_fd, selectors.EVENT_READ, (job, i, "exit"))
+            self._watch(m.exit_fd, job, i, "exit")
 
     def poll(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         self._start()
@@ -262,8 +263,13 @@ class LocalBackend(Backend):
         return self.server
 
     # -- output ------------------------------------------------------------------------------------------
+    def _watch(self, fd: int, job: _Job, i: int, stream: str) -> None:
+        self.sel.register(fd, selectors.EVENT_READ, (job, i, stream))
+        self._owner[fd] = (job, i)
+
     def _close(self, fd: int) -> None:
         self.sel.unregister(fd)
+        self._owner.pop(fd, None)
         os.close(fd)
 
     def _read(self, job: _Job, i: int, stream: str, fd: int) -> bool:
@@ -301,5 +307,5 @@ class LocalBackend(Backend):
     def _owns(self, fd: int, job: _Job, i: int) -> bool:
         """Whether ``fd`` is still member i's: a pipe closed at its end of file frees its number, which the next
         member's pipe or pidfd may get (draining that one here would steal its output and close it)."""
-        key = self.sel.get_map().get(fd)
-        return key is not None and key.data[0] is job and key.data[1] == i
+        owner = self._owner.get(fd)
+        return owner is not None and owner[0] is job and owner[1] == i
