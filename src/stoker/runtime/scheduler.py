@@ -166,8 +166,6 @@ class Scheduler:
         for (name, _, _), tasks in arrays.items():  # one array a step, the engine runs max_workers at once
             for i in range(0, len(tasks), MAX_ARRAY):
                 self._submit(tasks[i:i + MAX_ARRAY], self.backends[name])
-        for b in self.backends.values():  # e.g. the local fork server forks this pass's members in one request
-            b.dispatch()
 
     def _submit(self, tasks: list[Task], backend: Backend) -> None:
         try:
@@ -271,7 +269,9 @@ class Scheduler:
                 self._check_interrupt()
                 if not self.failed and not self.interrupted:
                     self._admit()
-                self._flush_index()  # readers see what this pass started
+                self._flush_index()  # readers see what this pass started, and so does each task as it starts:
+                for b in self.backends.values():  # then the local fork server forks them, in one request
+                    b.dispatch()
                 if not self.live:
                     if self.failed or self.interrupted or not self.index.count("pending"):
                         break
@@ -511,7 +511,7 @@ class Scheduler:
         """The attempt's manifest as its member handed it over (a local member: no read, no signature check),
         else as the store has it (see manifest_outcome)."""
         data = t.backend.handed(t.job, t.member)
-        m = handed_manifest(data, self.flow, self.run_id, t.step, t.task_id, t.attempt) if data else None
+        m = handed_manifest(data, self.store.url, self.flow, self.run_id, t.step, t.task_id, t.attempt) if data else None
         if m is not None:
             return m, None
         return manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))

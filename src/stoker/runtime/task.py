@@ -27,6 +27,7 @@ from ..store.artifacts import load_artifact, save_artifact
 from ..store.blob import BlobStore, open_store
 from ..store.manifest import read_manifest, store_manifest
 from ..store.metrics import task_env as metrics_task_env
+from ..store.signing import seal
 from .flowhooks import after_task, bind_task_configs, task_current, with_secrets
 from .handover import hand_over
 from .spec import TaskSpec
@@ -213,7 +214,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     cards.finish(artifacts, manifest)  # never raises; also on failure
     sys.stdout.flush()
     sys.stderr.flush()
-    hand_over(store_manifest(store, manifest)[1])  # stored first: the store is the truth
+    hand_over(seal(store.url, store_manifest(store, manifest)[1]))  # stored first: the store is the truth
     after_task()
     shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
     if term_cleanup:

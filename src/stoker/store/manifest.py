@@ -18,7 +18,7 @@ from typing import Any
 
 from stoker.errors import StoreError
 from stoker.store.blob import BlobStore
-from stoker.store.signing import SIGNATURE, mark_owner, sign, verify
+from stoker.store.signing import SIGNATURE, mark_owner, sign, unseal, verify
 
 STATUSES = ("ok", "failed")
 
@@ -197,11 +197,15 @@ class StoredManifest(dict):
     text: str = ""
 
 
-def handed_manifest(data: bytes, flow: str, run_id: str, step: str, task_id: str,
+def handed_manifest(sealed: bytes, url: str, flow: str, run_id: str, step: str, task_id: str,
                     attempt: int) -> StoredManifest | None:
-    """The manifest a local member handed over (runtime/handover.py): the bytes it stored, sent on a socket only
-    the run's processes hold, so they need no signature check. None when they are not this attempt's manifest
-    (the scheduler then reads it from the store)."""
+    """The manifest a local member handed over (runtime/handover.py): the bytes it stored, sealed with the store's
+    key (signing.seal: an HMAC over the bytes, not the signature's parse and re-serialization), on a socket only
+    the run's processes hold. None when they are not this attempt's manifest or were sealed with another key (a
+    task that changed its key): the scheduler then reads the manifest from the store and checks it there."""
+    data = unseal(url, sealed)
+    if data is None:
+        return None
     try:
         m = StoredManifest(json.loads(data))
     except (ValueError, TypeError):

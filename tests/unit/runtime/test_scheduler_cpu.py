@@ -77,14 +77,21 @@ def test_members_hand_their_manifests_over_and_the_index_keeps_the_bytes_stored(
     assert text.encode() == store.read(name)
 
 
-def test_a_handed_manifest_of_another_attempt_or_too_large_for_a_packet_is_not_used():
+def test_a_handed_manifest_of_another_attempt_another_key_or_too_large_for_a_packet_is_not_used(monkeypatch):
+    """What is not used is read from the store and checked there (UntrustedManifest for another key)."""
     from stoker.runtime import handover
     from stoker.store.manifest import handed_manifest
 
+    url = "/nowhere/store"
+    monkeypatch.setenv(signing.KEY_ENV, "the-run-s-key")
     data = json.dumps({"flow": "F", "run_id": "1", "step": "s", "task_id": "2", "attempt": 0}).encode()
-    assert handed_manifest(data, "F", "1", "s", "2", 0) == json.loads(data)
-    assert handed_manifest(data, "F", "1", "s", "2", 1) is None, "another attempt's: read from the store"
-    assert handed_manifest(b"{torn", "F", "1", "s", "2", 0) is None
+    sealed = signing.seal(url, data)
+    assert handed_manifest(sealed, url, "F", "1", "s", "2", 0) == json.loads(data)
+    assert handed_manifest(sealed, url, "F", "1", "s", "2", 1) is None, "another attempt's"
+    assert handed_manifest(signing.seal(url, b"{torn"), url, "F", "1", "s", "2", 0) is None
+    assert handed_manifest(sealed[:-1], url, "F", "1", "s", "2", 0) is None, "cut short"
+    monkeypatch.setenv(signing.KEY_ENV, "a-task-s-other-key")
+    assert handed_manifest(sealed, url, "F", "1", "s", "2", 0) is None, "sealed with another key"
     read, fd = handover.channel()
     try:
         handover.offer(fd)
