@@ -269,16 +269,15 @@ class Scheduler:
                 self._check_interrupt()
                 if not self.failed and not self.interrupted:
                     self._admit()
-                self._flush_index()  # readers see what this pass started, and so does each task as it starts:
-                for b in self.backends.values():  # then the local fork server forks them, in one request
-                    b.dispatch()
+                self._flush_index()  # one transaction: what the last pass ended, what this one starts (indexed
+                for b in self.backends.values():  # before it starts: a task finds itself); then the local fork
+                    b.dispatch()  # server forks this pass's members, in one request
                 if not self.live:
                     if self.failed or self.interrupted or not self.index.count("pending"):
                         break
                 self._wait(0.05 if self.live else min(0.5, self._next_wakeup()))
                 self._check_interrupt()
-                self._poll()
-                self._flush_index()  # ... and what it ended
+                self._poll()  # what it ended is indexed with what the next pass starts, in one transaction
                 self.display.refresh()
         finally:
             if self._index_ops:  # the run is ending on an error: index what can be indexed
