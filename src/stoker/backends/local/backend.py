@@ -6,7 +6,10 @@ or where fork is unavailable).
 Forking skips interpreter start-up and re-importing the flow (a few ms a task instead of ~0.3 s); each member is
 still its own process, in its own session so that a stop reaches torchrun and its workers too, and dies with
 the scheduler (PR_SET_PDEATHSIG) so that a killed `run` leaves no orphans behind. Pipes and pidfds live here:
-`wait()` streams output to the scheduler and wakes it the moment a member exits.
+`wait()` streams output to the scheduler and wakes it the moment a member exits. The members one scheduler pass
+submits are forked together (`dispatch()`: one request to the fork server), and each forked member hands the
+manifest it stored to the scheduler on a socket only the run holds (runtime/handover.py, `handed()`), so the
+scheduler neither reads it back nor parses its signature.
 """
 
 from __future__ import annotations
