@@ -86,6 +86,10 @@ class S3Objects(ObjectStore):
         self.error = error
         self.config = config or TransferConfig.from_env()
         self.client = client if client is not None else s3_client(error, self.url, self.config)
+        # parts and ranges in flight across every transfer of this store: ``put_many`` of large files (each a
+        # parallel multipart upload) and concurrent streamed uploads share ``concurrency`` slots, so memory and
+        # connections stay at ``concurrency`` parts however transfers nest. Only leaf requests take a slot.
+        self._slots = threading.BoundedSemaphore(self.config.concurrency)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> S3Objects:
@@ -221,7 +225,8 @@ class S3Objects(ObjectStore):
         try:
             def send(i: int) -> dict[str, Any]:
                 off = i * part
-                return self._upload_part(key, upload_id, i + 1, read(off, min(part, size - off)))
+                with self._slots:  # the part is read only once it may go
+                    return self._upload_part(key, upload_id, i + 1, read(off, min(part, size - off)))
 
             parts = self._pool_map(send, list(range(max(1, math.ceil(size / part)))))
             self._complete_upload(key, upload_id, parts)
@@ -264,11 +269,12 @@ class S3Objects(ObjectStore):
         def fetch(i: int) -> None:
             off = start + i * part
             end = min(size, off + part) - 1
-            body = self._get(key, Range=f"bytes={off}-{end}", **extra)["Body"]
-            with self._errors(f"downloading bytes {off}-{end} of", key):
-                while chunk := body.read(_CHUNK):
-                    write(off, chunk)
-                    off += len(chunk)
+            with self._slots:
+                body = self._get(key, Range=f"bytes={off}-{end}", **extra)["Body"]
+                with self._errors(f"downloading bytes {off}-{end} of", key):
+                    while chunk := body.read(_CHUNK):
+                        write(off, chunk)
+                        off += len(chunk)
             if off != end + 1:
                 raise self.error(f"{self.url_of(key)}: the download of bytes {start + i * part}-{end} ended at "
                                  f"{off}; the connection was cut, retry")
@@ -334,7 +340,8 @@ class S3Objects(ObjectStore):
 
 class _StreamingUpload(Upload):
     """A multipart upload fed by ``write``: each full part is sent on a pool while the caller keeps writing, at
-    most ``concurrency`` parts in flight (memory stays at that many parts). An object smaller than one part is
+    most ``concurrency`` parts in flight, counted with the store's other transfers (memory stays at that many
+    parts however many uploads stream at once). An object smaller than one part is
     one PUT; an aborted or failed upload is aborted in S3 too."""
 
     def __init__(self, store: S3Objects, key: str) -> None:
@@ -344,7 +351,7 @@ class _StreamingUpload(Upload):
         self._buf = bytearray()
         self._upload_id: str | None = None
         self._futures: list[Future] = []
-        self._slots = threading.Semaphore(store.config.concurrency)
+        self._slots = store._slots
         self._pool: ThreadPoolExecutor | None = None
 
     def _take(self, view: memoryview) -> None:
@@ -373,7 +380,11 @@ class _StreamingUpload(Upload):
                 self._slots.release()
 
         assert self._pool is not None
-        self._futures.append(self._pool.submit(send))
+        try:
+            self._futures.append(self._pool.submit(send))
+        except BaseException:
+            self._slots.release()
+            raise
 
     def _commit(self) -> None:
         store, s3key = self._store, self._store.s3key(self.key)
@@ -396,7 +407,8 @@ class _StreamingUpload(Upload):
     def _abort_upload(self) -> None:
         if self._pool is not None:
             for f in self._futures:
-                f.cancel()
+                if f.cancel():  # never ran: its slot is given back here (the store's other transfers share them)
+                    self._slots.release()
             self._pool.shutdown(wait=True)
         if self._upload_id is not None:
             self._store._abort(self.key, self._upload_id)

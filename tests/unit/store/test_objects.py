@@ -97,6 +97,51 @@ def test_large_objects_go_in_parallel_parts_on_s3(bucket, tmp_path):
 
 
 @pytest.mark.aws
+def test_nested_s3_transfers_share_the_concurrency(bucket, tmp_path):
+    """put_many/get_many of large files (each a parallel multipart upload or ranged download) and streamed
+    uploads running beside them keep at most ``concurrency`` parts in flight together, not concurrency^2:
+    counted with botocore's own events around each request, against moto's server."""
+    import threading
+    import time
+
+    store = open_objects("s3://objs/nest", config=TransferConfig(part_size=5 * MiB, concurrency=2))
+    lock, now, peak = threading.Lock(), {"n": 0}, {"n": 0}
+
+    def enter(params, context, **_):
+        if str(params["headers"].get("Range", "")).startswith("bytes=0-"):  # params: the request as sent
+            return  # the first GET of a file (one per file, outside the bound): only later ranges count
+        context["counted"] = True
+        with lock:
+            now["n"] += 1
+            peak["n"] = max(peak["n"], now["n"])
+        time.sleep(0.05)  # long enough that parts of different files would overlap
+
+    def leave(context, **_):
+        if context.get("counted"):
+            with lock:
+                now["n"] -= 1
+
+    events = store.client.meta.events
+    events.register("before-call.s3.UploadPart", enter)
+    events.register("after-call.s3.UploadPart", leave)
+    files = []
+    for i in range(3):
+        (tmp_path / f"{i}.bin").write_bytes(os.urandom(3 * 5 * MiB))
+        files.append((f"{i}.bin", tmp_path / f"{i}.bin"))
+    streamed = threading.Thread(target=lambda: store.put_bytes("streamed.bin", os.urandom(3 * 5 * MiB)))
+    streamed.start()
+    store.put_many(files)
+    streamed.join()
+    assert peak["n"] == 2, f"{peak['n']} parts in flight at once with concurrency=2"
+    peak["n"] = 0
+    events.register("before-call.s3.GetObject", enter)
+    events.register("after-call.s3.GetObject", leave)
+    store.get_many([(key, tmp_path / f"back-{key}", None) for key, _ in files])
+    assert peak["n"] == 2, f"{peak['n']} ranged GETs in flight at once with concurrency=2"
+    assert all((tmp_path / f"back-{key}").read_bytes() == path.read_bytes() for key, path in files)
+
+
+@pytest.mark.aws
 def test_s3_errors_name_the_url_and_the_fix(aws, tmp_path):
     store = open_objects("s3://no-such-bucket/p", error=DataError)
     with pytest.raises(DataError, match=r"s3://no-such-bucket/p/x: writing failed.*Check the bucket exists"):
