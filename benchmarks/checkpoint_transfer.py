@@ -14,6 +14,8 @@ multipart uploads; parallel ranged reads checked against the manifest) and its r
 from __future__ import annotations
 
 import os
+import resource
+import statistics
 import time
 from typing import Any
 
@@ -23,10 +25,33 @@ from typing import Any
 READ_TIMEOUT_S = 900
 
 
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process: the client's transfers
+    return r.ru_utime + r.ru_stime
+
+
+class _Clock:
+    """Wall time of each call, and the CPU seconds this process (the client) and the server spent on it."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.cpu: dict[str, list[tuple[float, float]]] = {}
+
+    def __call__(self, what: str, fn: Any) -> float:
+        c0, s0 = _cpu(), self.server.cpu_seconds() if self.server else float("nan")
+        t0 = time.perf_counter()
+        fn()
+        secs = time.perf_counter() - t0
+        s1 = self.server.cpu_seconds() if self.server else float("nan")
+        self.cpu.setdefault(what, []).append((_cpu() - c0, s1 - s0))
+        return secs
+
+    def note(self, what: str) -> str:
+        if what not in self.cpu:
+            return ""
+        client = statistics.median(c for c, _ in self.cpu[what])
+        server = statistics.median(s for _, s in self.cpu[what])
+        return f"; CPU: client {client:.1f} s, {self.server.kind if self.server else 'server'} {server:.1f} s"
 
 
 def measure_transfer(target: Any, bench: Any, Row: Any) -> list[Any]:  # noqa: N803 - the bench's Row class
@@ -45,6 +70,7 @@ def measure_transfer(target: Any, bench: Any, Row: Any) -> list[Any]:  # noqa: N
     rows: dict[str, list[float]] = {k: [] for k in ("boto3 upload_file", "boto3 download_file", "stoker put_file",
                                                     "stoker get_file", "torch.save + upload", "download + torch.load")}
     objects = open_objects(f"s3://{target.bucket}/transfer")
+    clock = _Clock(getattr(target, "server", None))
     for _ in range(bench.repeat):
         def save() -> None:
             with open(path, "wb") as f:
@@ -52,18 +78,18 @@ def measure_transfer(target: Any, bench: Any, Row: Any) -> list[Any]:  # noqa: N
                 f.flush()
                 os.fsync(f.fileno())
 
-        saved = _timed(save)
+        saved = clock("torch.save", save)
         size = path.stat().st_size
-        up = _timed(lambda: client.upload_file(str(path), target.bucket, "baseline/state.pt"))
+        up = clock("boto3 upload_file", lambda: client.upload_file(str(path), target.bucket, "baseline/state.pt"))
         rows["boto3 upload_file"].append(up)
         rows["torch.save + upload"].append(saved + up)
-        down = _timed(lambda: client.download_file(target.bucket, "baseline/state.pt", str(back)))
+        down = clock("boto3 download_file", lambda: client.download_file(target.bucket, "baseline/state.pt", str(back)))
         rows["boto3 download_file"].append(down)
-        load = _timed(lambda: torch.load(back, map_location="cpu", weights_only=True))
+        load = clock("torch.load", lambda: torch.load(back, map_location="cpu", weights_only=True))
         rows["download + torch.load"].append(down + load)
         back.unlink()
-        rows["stoker put_file"].append(_timed(lambda: objects.put_file("state.pt", path)))
-        rows["stoker get_file"].append(_timed(lambda: objects.get_file("state.pt", back)))
+        rows["stoker put_file"].append(clock("stoker put_file", lambda: objects.put_file("state.pt", path)))
+        rows["stoker get_file"].append(clock("stoker get_file", lambda: objects.get_file("state.pt", back)))
         back.unlink()
         client.delete_object(Bucket=target.bucket, Key="baseline/state.pt")
         objects.delete("state.pt")
@@ -72,7 +98,7 @@ def measure_transfer(target: Any, bench: Any, Row: Any) -> list[Any]:  # noqa: N
              "boto3 download_file": "default TransferConfig", "stoker put_file": "parallel multipart",
              "stoker get_file": "parallel ranged GETs + sha256", "torch.save + upload": "local file, then upload_file",
              "download + torch.load": "download_file, then torch.load"}
-    return [Row(target.name, what, secs, size, notes[what]) for what, secs in rows.items()]
+    return [Row(target.name, what, secs, size, notes[what] + clock.note(what)) for what, secs in rows.items()]
 
 
 def transfer_summary(rows: list[Any]) -> dict[str, Any]:
