@@ -139,6 +139,11 @@ class ObjectStore(ABC):
             raise self.missing(key)
         return self.verified(key, data, sha256)
 
+    def get_buffer(self, key: str, *, sha256: str | None = None) -> bytes | memoryview:
+        """Like :meth:`get_bytes` for large objects read once (checkpoint shards): a read-only buffer that may be
+        memory the download landed in, without the copy into ``bytes`` (the S3 store's is)."""
+        return self.get_bytes(key, sha256=sha256)
+
     @abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from offset ``start``."""

@@ -12,6 +12,7 @@ and checks its sha256 against the manifest before DCP sees a byte of it: a corru
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -29,6 +30,62 @@ from stoker.store.objects import ObjectStore
 log = logging.getLogger("stoker.train.checkpoint")
 
 PREFETCH_FILES = 2  # shard files downloaded ahead of the one being read (memory: that many files)
+
+
+class BufferStream(io.RawIOBase):
+    """A read-only, seekable stream over a buffer, without copying it (io.BytesIO copies anything but bytes);
+    closing it lets go of the buffer (a downloaded shard is freed once DCP has read it)."""
+
+    def __init__(self, buffer: bytes | memoryview) -> None:
+        super().__init__()
+        self._view: memoryview | None = memoryview(buffer).cast("B")
+        self._pos = 0
+
+    def _buf(self) -> memoryview:
+        if self._view is None:
+            raise ValueError("I/O operation on closed stream")
+        return self._view
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf())}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        view = self._buf()
+        out = memoryview(b).cast("B")
+        n = max(0, min(out.nbytes, view.nbytes - self._pos))
+        out[:n] = view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        view = self._buf()
+        end = view.nbytes if size is None or size < 0 else min(view.nbytes, self._pos + size)
+        data = bytes(view[self._pos:end]) if end > self._pos else b""
+        self._pos = max(self._pos, end)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        if self._view is not None:
+            with contextlib.suppress(BufferError):  # a reader still holds a view of it: freed with that
+                self._view.release()
+            self._view = None
+        super().close()
 
 
 class ObjectFileSystem(FileSystemBase):
@@ -61,20 +118,22 @@ class ObjectFileSystem(FileSystemBase):
             return
         future = self._prefetched.pop(key, None)
         if future is None:
-            yield io.BytesIO(self._fetch(key))
-            return
-        try:
-            data = future.result()
-        finally:
-            self._slots.release()  # its memory is the reader's now: the next file may come down
-        yield io.BytesIO(data)
-        del data
+            data = self._fetch(key)
+        else:
+            try:
+                data = future.result()
+            finally:
+                self._slots.release()  # its memory is the reader's now: the next file may come down
+            del future  # (it holds the result too)
+        with BufferStream(data) as stream:
+            del data  # the stream holds the only reference: closing it frees the shard
+            yield stream
 
-    def _fetch(self, key: str) -> bytes:
+    def _fetch(self, key: str) -> bytes | memoryview:
         """Object ``key``, checked against its recorded sha256 (CheckpointError if it does not match)."""
         try:
             meta = self.expected.get(self._rel(key))
-            data = self.objects.get_bytes(key)
+            data = self.objects.get_buffer(key)
             if meta is not None and len(data) != meta["bytes"]:
                 raise CheckpointError(f"{self.objects.url_of(key)} has {len(data)} bytes, its manifest says "
                                       f"{meta['bytes']}: the checkpoint is truncated or corrupted; use an earlier one")
@@ -94,7 +153,7 @@ class ObjectFileSystem(FileSystemBase):
         self._slots = threading.Semaphore(PREFETCH_FILES)
         self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="stoker-ckpt-read")
 
-        def one(key: str) -> bytes:
+        def one(key: str) -> bytes | memoryview:
             self._slots.acquire()  # released once the reader took the file: at most PREFETCH_FILES held
             return b"" if self._closing else self._fetch(key)
 
