@@ -372,10 +372,19 @@ class _StreamingUpload(Upload):
         self._pool: ThreadPoolExecutor | None = None
 
     def _take(self, view: memoryview) -> None:
+        part = self._part
+        if self._buf:  # top up the part being gathered from small writes
+            fill = part - len(self._buf)
+            self._buf += view[:fill]
+            view = view[fill:]
+            if len(self._buf) < part:
+                return
+            self._send(bytes(self._buf))
+            self._buf = bytearray()
+        while view.nbytes >= part:  # a large write (a tensor) goes out in parts copied once, straight from it
+            self._send(bytes(view[:part]))
+            view = view[part:]
         self._buf += view
-        while len(self._buf) >= self._part:
-            self._send(bytes(self._buf[:self._part]))
-            del self._buf[:self._part]
 
     def _send(self, data: bytes) -> None:
         store = self._store
