@@ -238,3 +238,22 @@ def test_streamed_uploads_of_mixed_write_sizes(store):
     data = b"".join(pieces)
     assert f.size == len(data) and f.sha256 == hashlib.sha256(data).hexdigest()
     assert store.get_bytes("mixed") == data
+
+
+@pytest.mark.aws
+def test_bodies_go_unsigned_with_a_signed_crc32(bucket, tmp_path):
+    """Over plain http botocore would SHA256-sign every body (a second hash of every byte): stoker's uploads
+    send UNSIGNED-PAYLOAD with a CRC32 checksum header instead, as botocore does over https."""
+    store = open_objects("s3://objs/unsigned", config=SMALL)
+    seen = []
+
+    def record(request, **_):
+        sig = request.headers.get("X-Amz-Content-SHA256")
+        seen.append((sig.decode() if isinstance(sig, bytes) else sig, request.headers.get("x-amz-checksum-crc32")))
+
+    store.client.meta.events.register("before-send.s3.UploadPart", record)
+    store.client.meta.events.register("before-send.s3.PutObject", record)
+    store.put_bytes("small", b"abc")
+    store.put_bytes("large", os.urandom(6 * MiB))
+    assert len(seen) == 3 and all(sig == "UNSIGNED-PAYLOAD" and crc for sig, crc in seen), seen
+    assert store.get_bytes("large") and store.get_bytes("small") == b"abc"
