@@ -44,11 +44,14 @@ def s3_client(error: type[StokerError] = StoreError, what: str = "s3:// storage"
     # Bodies are not SHA256-signed (UNSIGNED-PAYLOAD; the CRC32 checksum header, which is signed, covers them),
     # as botocore already does over https: over plain http (MinIO on a private network) it would otherwise
     # hash every byte once more (~0.6 CPU-s per GB here; 8 cores at 100 Gbps). What stoker reads back is
-    # checked against the sha256 its signed records hold, whatever the transport.
+    # checked against the sha256 its signed records hold, whatever the transport. So is a GET: botocore's own
+    # response check (a CRC32 of the whole object, asked for with every GET) is left to requests that ask for it,
+    # since servers that answer a ranged GET with the whole object's checksum (rclone's) would fail every
+    # range, and stoker fetches large objects as ranges.
     boto_config = Config(retries={"mode": "standard", "max_attempts": config.max_attempts},
                          connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
                          max_pool_connections=max(10, 2 * config.concurrency),
-                         s3={"payload_signing_enabled": False})
+                         s3={"payload_signing_enabled": False}, response_checksum_validation="when_required")
     return session.client("s3", endpoint_url=config.endpoint_url, config=boto_config)
 
 
