@@ -50,6 +50,19 @@ def _worker(rank: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
+def damage_the_newest(s3, bucket: str, shard: str, url: str) -> None:
+    """A shard of step 2 damaged in the bucket (same size, other bytes) is refused when read, never loaded as
+    weights; truncated, the cheap size check of latest() skips step 2 and the previous checkpoint resumes."""
+    body = bytearray(s3.get_object(Bucket=bucket, Key=shard)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.put_object(Bucket=bucket, Key=shard, Body=bytes(body))
+    name = shard.rsplit("/", 1)[1].replace(".", r"\.")
+    with pytest.raises(CheckpointError, match=rf"{name} does not match its checksum.*use an earlier one"):
+        Checkpointer(url).load(f"{url}/step_00000002", _empty())
+    s3.put_object(Bucket=bucket, Key=shard, Body=bytes(body[:-10]))
+    assert Checkpointer(url).latest() == "step_00000001"
+
+
 def _empty() -> dict:
     return {"model": {k: torch.empty_like(v) for k, v in full_state(0).items()}}
 
@@ -79,16 +92,8 @@ def test_two_ranks_save_to_s3_and_one_resumes_bitwise(tmp_path: Path, aws, monke
     for k in want:
         assert torch.equal(got_s3["model"][k], got_local["model"][k]) and torch.equal(got_s3["model"][k], want[k])
 
-    # a shard damaged in the bucket (same size, other bytes): refused when read, never loaded as weights
-    shard = "run/ck/step_00000002/__1_0.distcp"
-    body = bytearray(s3.get_object(Bucket=BUCKET, Key=shard)["Body"].read())
-    body[len(body) // 2] ^= 0xFF
-    s3.put_object(Bucket=BUCKET, Key=shard, Body=bytes(body))
-    with pytest.raises(CheckpointError, match=r"__1_0\.distcp does not match its checksum.*use an earlier one"):
-        Checkpointer(URL).load(f"{URL}/step_00000002", _empty())
-    s3.put_object(Bucket=BUCKET, Key=shard, Body=bytes(body[:-10]))  # truncated: found by the cheap size check
+    damage_the_newest(s3, BUCKET, "run/ck/step_00000002/__1_0.distcp", URL)
     fresh = Checkpointer(URL)
-    assert fresh.latest() == "step_00000001"  # the damaged newest is skipped, the previous one resumes
     older = _empty()
     fresh.load(f"{URL}/step_00000001", older)
     assert all(torch.equal(older["model"][k], v) for k, v in full_state(1).items())
@@ -118,11 +123,4 @@ def test_a_second_s3_server_saves_resumes_and_refuses_damage(rclone_s3, monkeypa
                                aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
                                region_name="us-east-1").client("s3", endpoint_url=os.environ["STOKER_S3_ENDPOINT_URL"])
     listed = s3.list_objects_v2(Bucket=rclone_s3, Prefix="run/ck/step_00000002/")["Contents"]
-    shard = next(o["Key"] for o in listed if o["Key"].endswith(".distcp"))
-    body = bytearray(s3.get_object(Bucket=rclone_s3, Key=shard)["Body"].read())
-    body[len(body) // 2] ^= 0xFF
-    s3.put_object(Bucket=rclone_s3, Key=shard, Body=bytes(body))
-    with pytest.raises(CheckpointError, match=r"\.distcp does not match its checksum.*use an earlier one"):
-        Checkpointer(url).load(f"{url}/step_00000002", _empty())
-    s3.put_object(Bucket=rclone_s3, Key=shard, Body=bytes(body[:-10]))  # truncated: found by the cheap size check
-    assert Checkpointer(url).latest() == "step_00000001"
+    damage_the_newest(s3, rclone_s3, next(o["Key"] for o in listed if o["Key"].endswith(".distcp")), url)
