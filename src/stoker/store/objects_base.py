@@ -139,10 +139,14 @@ class ObjectStore(ABC):
             raise self.missing(key)
         return self.verified(key, data, sha256)
 
-    def get_buffer(self, key: str, *, sha256: str | None = None) -> bytes | memoryview:
+    def get_buffer(self, key: str, *, sha256: str | None = None, size: int | None = None) -> bytes | memoryview:
         """Like :meth:`get_bytes` for large objects read once (checkpoint shards): a read-only buffer that may be
-        memory the download landed in, without the copy into ``bytes`` (the S3 store's is)."""
-        return self.get_bytes(key, sha256=sha256)
+        memory the download landed in, without the copy into ``bytes`` (the S3 store's is). Checked against
+        ``size`` (:meth:`wrong_size`) and ``sha256`` (:meth:`corrupt`) when given."""
+        data = self.get_bytes(key)
+        if size is not None and len(data) != size:
+            raise self.wrong_size(key, len(data), size)
+        return self.verified(key, data, sha256)
 
     @abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -153,8 +157,9 @@ class ObjectStore(ABC):
         """Upload the local file ``path`` as ``key`` (in parallel parts when large)."""
 
     @abstractmethod
-    def _download(self, key: str, dest: str) -> None:
-        """Write object ``key`` into the new local file ``dest`` (in parallel ranges when large)."""
+    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
+        """Write object ``key`` into the new local file ``dest`` (in parallel ranges when large); with ``hashed``
+        it may return the sha256 it computed on the way (None: the caller hashes the file)."""
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[ObjectInfo]:
@@ -196,8 +201,8 @@ class ObjectStore(ABC):
         path = os.fspath(path)
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.part"
         try:
-            self._download(key, tmp)
-            if sha256 is not None and (got := sha256_of(tmp)) != sha256:
+            got = self._download(key, tmp, hashed=sha256 is not None)  # (a digest if it hashed on the way)
+            if sha256 is not None and (got := got or sha256_of(tmp)) != sha256:
                 raise self.corrupt(key, got, sha256)
             os.replace(tmp, path)
         finally:
@@ -208,6 +213,10 @@ class ObjectStore(ABC):
         return self.error(f"{self.url_of(key)} is corrupted: its content hashes to {got[:16]}..., its record says "
                           f"{want[:16]}... (damaged or overwritten in storage); the download was discarded. "
                           "Write it again from its source")
+
+    def wrong_size(self, key: str, got: int, want: int) -> StokerError:
+        return self.error(f"{self.url_of(key)} has {got} bytes, its record says {want}: it is truncated or was "
+                          "overwritten in storage. Write it again from its source")
 
     def missing(self, key: str) -> StokerError:
         return self.error(f"{self.url_of(key)} does not exist; check the URL (and STOKER_S3_ENDPOINT_URL for an "
@@ -367,9 +376,10 @@ class LocalObjects(ObjectStore):
         except FileNotFoundError:
             raise self.missing(key) from None
 
-    def _download(self, key: str, dest: str) -> None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
         try:
             shutil.copyfile(self.path(key), dest)
+            return None
         except FileNotFoundError:
             raise self.missing(key) from None
 

@@ -82,9 +82,10 @@ class FsspecObjects(ObjectStore):
                 self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
             self.fs.put_file(os.fspath(path), dest)
 
-    def _download(self, key: str, dest: str) -> None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
         with self._errors("downloading", key):
             self.fs.get_file(self.path(key), dest)
+        return None
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         full = self.path(prefix) if prefix else self.root

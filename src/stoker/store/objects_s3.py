@@ -20,6 +20,7 @@ from typing import Any
 
 from stoker.errors import StokerError, StoreError
 from stoker.store.objects_base import MiB, ObjectInfo, ObjectStore, TransferConfig, Upload, check_object_key
+from stoker.store.prefix_hash import PrefixHash
 
 _MAX_PARTS = 10_000  # S3's limit per multipart upload
 _CHUNK = 1 * MiB  # bytes per read of a streamed response
@@ -182,30 +183,46 @@ class S3Objects(ObjectStore):
         if found is None:
             return None
         resp, total = found
-        return bytes(self._land(key, resp, total, bytearray(total)))
+        return bytes(self._land(key, resp, total, bytearray(total))[0])
 
-    def get_buffer(self, key: str, *, sha256: str | None = None) -> bytes | memoryview:
+    def get_buffer(self, key: str, *, sha256: str | None = None, size: int | None = None) -> bytes | memoryview:
         """A large object lands in private anonymous memory and is handed over as it is: no zeroing pass before
         the download and no copy into ``bytes`` after it (each costs about as much as the download itself here,
-        on fresh pages)."""
+        on fresh pages). Its sha256 is computed while the parts land; a wrong size is refused after the first
+        GET, before the rest is downloaded."""
         found = self._first_part(key)
         if found is None:
             raise self.missing(key)
         resp, total = found
+        if size is not None and total != size:
+            resp["Body"].close()
+            raise self.wrong_size(key, total, size)
         if total <= self._part_size(0):  # one GET had it all
-            return self.verified(key, bytes(self._land(key, resp, total, bytearray(total))), sha256)
+            return self.verified(key, bytes(self._land(key, resp, total, bytearray(total))[0]), sha256)
         area = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        return self.verified(key, self._land(key, resp, total, area), sha256).toreadonly()
+        view, got = self._land(key, resp, total, area, hashed=sha256 is not None)
+        if sha256 is not None and got != sha256:
+            raise self.corrupt(key, str(got), sha256)
+        return view.toreadonly()
 
-    def _land(self, key: str, resp: Any, total: int, area: Any) -> memoryview:
-        """The object (``resp``: its first GET) downloaded into the writable buffer ``area`` of ``total`` bytes."""
+    def _land(self, key: str, resp: Any, total: int, area: Any, *, hashed: bool = False) -> tuple[memoryview, str | None]:
+        """The object (``resp``: its first GET) downloaded into the writable buffer ``area`` of ``total`` bytes,
+        and with ``hashed`` its sha256, computed while the parts land."""
         view = memoryview(area)
+        hasher = PrefixHash(total, lambda off, n: view[off:off + n]) if hashed else None
 
         def write(off: int, chunk: bytes) -> None:
             view[off:off + len(chunk)] = chunk
+            if hasher is not None:
+                hasher.landed(off, len(chunk))
 
-        self._fill(key, resp, total, write)
-        return view
+        try:
+            self._fill(key, resp, total, write)
+        except BaseException:
+            if hasher is not None:
+                hasher.stop()
+            raise
+        return view, hasher.hexdigest() if hasher is not None else None
 
     def _fill(self, key: str, resp: Any, size: int, write: Callable[[int, bytes], None]) -> None:
         """Stream the reply to the first GET (:meth:`_first_part`) into ``write`` while the other parts of a
@@ -321,23 +338,29 @@ class S3Objects(ObjectStore):
         finally:
             os.close(fd)
 
-    def _download(self, key: str, dest: str) -> None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
         found = self._first_part(key)
         if found is None:
             raise self.missing(key)
         resp, size = found
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        hasher = PrefixHash(size, lambda off, n: os.pread(fd, n, off)) if hashed else None  # (from the page cache)
         try:
             os.ftruncate(fd, size)  # allocated once: the parts land at their offsets in any order
 
             def write(off: int, chunk: bytes) -> None:
-                view = memoryview(chunk)
+                view, start = memoryview(chunk), off
                 while view.nbytes:
                     n = os.pwrite(fd, view, off)
                     view, off = view[n:], off + n
+                if hasher is not None:
+                    hasher.landed(start, len(chunk))
 
             self._fill(key, resp, size, write)
+            return hasher.hexdigest() if hasher is not None else None
         finally:
+            if hasher is not None:
+                hasher.stop()  # (a no-op once hexdigest() returned: the thread has ended)
             os.close(fd)
 
     # --- listing, deleting ----------------------------------------------------------------------------

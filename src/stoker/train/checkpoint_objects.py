@@ -131,19 +131,17 @@ class ObjectFileSystem(FileSystemBase):
 
     def _fetch(self, key: str) -> bytes | memoryview:
         """Object ``key``, checked against its recorded sha256 (CheckpointError if it does not match)."""
-        try:
-            meta = self.expected.get(self._rel(key))
-            data = self.objects.get_buffer(key)
-            if meta is not None and len(data) != meta["bytes"]:
-                raise CheckpointError(f"{self.objects.url_of(key)} has {len(data)} bytes, its manifest says "
-                                      f"{meta['bytes']}: the checkpoint is truncated or corrupted; use an earlier one")
-            if meta is not None:
-                self.objects.verified(key, data, meta["sha256"])
-            return data
+        meta = self.expected.get(self._rel(key)) or {}
+        try:  # the size is checked after the first GET, the sha256 while the parts land
+            return self.objects.get_buffer(key, sha256=meta.get("sha256"), size=meta.get("bytes"))
         except CheckpointError as e:
+            url = self.objects.url_of(key)
             if "is corrupted" in str(e):
-                raise CheckpointError(f"{self.objects.url_of(key)} does not match its checksum in manifest.json: "
-                                      "the checkpoint is corrupted; use an earlier one") from None
+                raise CheckpointError(f"{url} does not match its checksum in manifest.json: the checkpoint is "
+                                      "corrupted; use an earlier one") from None
+            if "its record says" in str(e):  # "<url> has N bytes, its record says M: ..."
+                sizes = str(e).split(": it is truncated")[0].replace("its record says", "its manifest says")
+                raise CheckpointError(f"{sizes}: the checkpoint is truncated or corrupted; use an earlier one") from None
             raise
 
     def prefetch(self, keys: list[str]) -> None:

@@ -60,6 +60,9 @@ def damage_the_newest(s3, bucket: str, shard: str, url: str) -> None:
     with pytest.raises(CheckpointError, match=rf"{name} does not match its checksum.*use an earlier one"):
         Checkpointer(url).load(f"{url}/step_00000002", _empty())
     s3.put_object(Bucket=bucket, Key=shard, Body=bytes(body[:-10]))
+    short = rf"{name} has {len(body) - 10} bytes, its manifest(\.json)? says {len(body)}: the checkpoint is truncated"
+    with pytest.raises(CheckpointError, match=short + " or corrupted; use an earlier one"):
+        Checkpointer(url).load(f"{url}/step_00000002", _empty())
     assert Checkpointer(url).latest() == "step_00000001"
 
 

@@ -57,3 +57,25 @@ def test_torch_loads_from_it_and_closing_frees_the_buffer():
     with pytest.raises(ValueError):
         stream.read(1)
     area.close()  # nothing holds an export of it any more (it would raise BufferError)
+
+
+def test_a_shard_of_the_wrong_size_or_content_is_refused_in_one_line(tmp_path):
+    """What the reader says when a shard does not match the manifest (the size is checked before the content)."""
+    import hashlib
+
+    from stoker.errors import CheckpointError
+    from stoker.store.objects import open_objects
+    from stoker.train.checkpoint_objects import ObjectFileSystem
+
+    objects = open_objects(tmp_path, error=CheckpointError)
+    objects.put_bytes("ck/__0_0.distcp", b"x" * 100)
+    good = {"sha256": hashlib.sha256(b"x" * 100).hexdigest(), "bytes": 100}
+    fs = ObjectFileSystem(objects, expected={"__0_0.distcp": good}, root="ck")
+    assert bytes(fs._fetch("ck/__0_0.distcp")) == b"x" * 100
+    fs = ObjectFileSystem(objects, expected={"__0_0.distcp": {**good, "bytes": 90}}, root="ck")
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp has 100 bytes, its manifest says 90: the checkpoint is "
+                                              "truncated or corrupted; use an earlier one$"):
+        fs._fetch("ck/__0_0.distcp")
+    fs = ObjectFileSystem(objects, expected={"__0_0.distcp": {**good, "sha256": "0" * 64}}, root="ck")
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp does not match its checksum in manifest\.json"):
+        fs._fetch("ck/__0_0.distcp")
