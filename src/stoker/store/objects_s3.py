@@ -205,7 +205,8 @@ class S3Objects(ObjectStore):
             raise self.corrupt(key, str(got), sha256)
         return view.toreadonly()
 
-    def _land(self, key: str, resp: Any, total: int, area: Any, *, hashed: bool = False) -> tuple[memoryview, str | None]:
+    def _land(self, key: str, resp: Any, total: int, area: Any, *,
+              hashed: bool = False) -> tuple[memoryview, str | None]:
         """The object (``resp``: its first GET) downloaded into the writable buffer ``area`` of ``total`` bytes,
         and with ``hashed`` its sha256, computed while the parts land."""
         view = memoryview(area)

@@ -141,7 +141,8 @@ class ObjectFileSystem(FileSystemBase):
                                       "corrupted; use an earlier one") from None
             if "its record says" in str(e):  # "<url> has N bytes, its record says M: ..."
                 sizes = str(e).split(": it is truncated")[0].replace("its record says", "its manifest says")
-                raise CheckpointError(f"{sizes}: the checkpoint is truncated or corrupted; use an earlier one") from None
+                raise CheckpointError(f"{sizes}: the checkpoint is truncated or corrupted; "
+                                      "use an earlier one") from None
             raise
 
     def prefetch(self, keys: list[str]) -> None:
