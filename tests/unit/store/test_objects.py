@@ -216,7 +216,7 @@ def test_streamed_uploads_commit_on_close_and_discard_on_error(store):
         assert f.tell() == len(data)
     assert f.sha256 == hashlib.sha256(data).hexdigest() and f.size == len(data)
     assert store.get_bytes("s/big") == data
-    if getattr(store, "client", None) is not None and "objs" == store.bucket:  # (moto keeps checksums as AWS does)
+    if getattr(store, "client", None) is not None and store.bucket == "objs":  # (moto keeps checksums as AWS does)
         head = store.client.head_object(Bucket=store.bucket, Key=store.s3key("s/big"), ChecksumMode="ENABLED")
         assert head.get("ChecksumCRC32") and head["ETag"].strip('"').endswith("-3")
     with store.open_write("s/small") as f:

