@@ -5,6 +5,11 @@
 
 Local rank 0 of each node prints `result OK`; node 0 stores latency and bus bandwidth per message size as the
 artifact `results`. A wrong sum or a hang (--timeout) fails the gang within seconds.
+
+The all_reduce is `stoker.train.collectives`, the same code a training gang's preflight runs before its command
+(docs/operations.md, "Preflight"): NCCL on CUDA, XLA on Neuron when torch_xla is there (the Neuron DLC), gloo on
+CPU; `--dist-backend` picks one. This step is that check itself, so it skips the preflight unless `--check-nodes`
+(which adds the node checks: devices, EFA, imports, disk).
 """
 
 import json
@@ -20,6 +25,9 @@ class AllReduceFlow(FlowSpec):
     iters = Parameter("iters", default=10, type=int)
     timeout = Parameter("timeout", default=120.0, type=float, help="fail if the test hangs this long (s)")
     extra = Parameter("extra", default="", help="more arguments for stoker.train.collectives")
+    dist_backend = Parameter("dist_backend", default="auto", help="auto (nccl on CUDA, xla on Neuron, else gloo), "
+                             "gloo, nccl or xla")
+    check_nodes = Parameter("check_nodes", default=False, type=bool, help="run the gang's preflight node checks first")
 
     @step
     def start(self):
@@ -29,9 +37,10 @@ class AllReduceFlow(FlowSpec):
     @step
     def allreduce(self):
         out = os.path.join(current.tempdir, "allreduce.json")
-        args = ["--sizes", self.sizes, "--iters", str(self.iters), "--timeout", str(self.timeout), "--out", out]
+        args = ["--sizes", self.sizes, "--iters", str(self.iters), "--timeout", str(self.timeout), "--out", out,
+                "--backend", self.dist_backend]
         current.torch.run(entrypoint="stoker.train.collectives", nproc_per_node=self.nproc,
-                          args=args + self.extra.split())
+                          args=args + self.extra.split(), preflight=self.check_nodes)
         self.node = current.parallel.node_index
         self.results = json.load(open(out)) if os.path.exists(out) else None
         self.next(self.join)

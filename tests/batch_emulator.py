@@ -150,11 +150,13 @@ class EmulatedBatch:
                  "created": _now_ms(), "nodes": {}, "terminated": None, "queue": req["jobQueue"]}
         with self.lock:
             self.jobs[job] = state
+        faults = json.loads(os.environ.get("BATCH_EMULATOR_FAULTS") or "{}")
         for i in range(n):
             env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
             home = os.path.join(self.workdir, job, f"node{i}")
             os.makedirs(home, exist_ok=True)
             env.update(env_doc)
+            env.update(self._container(container, multinode, i, home, faults.get(str(i)) or {}))
             env.update(HOME=home, STOKER_HOME=os.path.join(home, ".stoker"), AWS_BATCH_JOB_ATTEMPT="1",
                        AWS_BATCH_JQ_NAME=req["jobQueue"], AWS_BATCH_CE_NAME="emulated",
                        AWS_BATCH_JOB_ID=f"{job}#{i}" if multinode else job)
@@ -172,6 +174,49 @@ class EmulatedBatch:
             threading.Thread(target=self._ship, args=(job, node), daemon=True).start()
         self._save(job)
         return resp
+
+    def _container(self, container: dict[str, Any], multinode: bool, i: int, home: str,
+                   fault: dict[str, Any]) -> dict[str, str]:
+        """What a container of this job definition sees beyond its environment, as far as a process can be shown it
+        (the variables below are the emulator's, read only by stoker's test hooks and the NxD stand-in):
+        - devices: the job definition's `linuxParameters.devices` as files in the node's own dev folder
+          (STOKER_DEV_DIR), with stand-ins of `neuron-ls` and `fi_info` on PATH that report what is mapped -- there
+          is no Neuron or EFA hardware here, so these two tools are fakes;
+        - host volumes: each `mountPoints` path is a folder of this emulated *instance* (kept across jobs, as a host
+          folder is), given to stoker as STOKER_STAGE_DIR / NEURON_COMPILE_CACHE_URL;
+        - network: a multi-node job runs in awsvpc mode, where the container has eth0 (its ENI) and ecs-eth0 (the
+          ECS agent's bridge, 169.254.172.x): BATCH_EMULATOR_INTERFACES lists them.
+        `fault` ({"missing_device": "/dev/neuron3"}, {"env": {...}}) breaks node i for failure tests."""
+        env: dict[str, str] = {}
+        devices = [d["containerPath"] for d in (container.get("linuxParameters") or {}).get("devices") or []]
+        devices = [d for d in devices if d != fault.get("missing_device")]
+        if devices:
+            dev = os.path.join(home, "dev")
+            for d in devices:
+                path = os.path.join(dev, os.path.relpath(d, "/dev"))
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "w").close()
+            bin_dir = os.path.join(home, "bin")
+            os.makedirs(bin_dir, exist_ok=True)
+            neuron = sum(1 for d in devices if os.path.basename(d).startswith("neuron"))
+            efa = sum(1 for d in devices if os.path.basename(d).startswith("uverbs"))
+            _tool(bin_dir, "neuron-ls", json.dumps([{"neuron_device": k, "nc_count": 2} for k in range(neuron)]))
+            _tool(bin_dir, "fi_info", "".join(f"provider: efa\n    fabric: efa\n    domain: rdmap{k}s0-rdm\n"
+                                              for k in range(efa)), fails=efa == 0)
+            env.update(STOKER_DEV_DIR=dev, PATH=bin_dir + os.pathsep + os.environ.get("PATH", os.defpath))
+        instance = os.path.join(self.workdir, "instances", str(i))
+        for mount in container.get("mountPoints") or []:
+            path = mount["containerPath"]
+            local = os.path.join(instance, path.strip("/").replace("/", "-"))
+            os.makedirs(local, exist_ok=True)
+            if path.endswith("stoker-stage"):
+                env["STOKER_STAGE_DIR"] = local
+            elif path.endswith("neuron-compile-cache"):
+                env["NEURON_COMPILE_CACHE_URL"] = local
+        if multinode:
+            env["BATCH_EMULATOR_INTERFACES"] = "eth0,ecs-eth0"
+        env.update(fault.get("env") or {})
+        return env
 
     def _ship(self, job: str, node: _Node) -> None:
         """The awslogs driver: the node's output, line by line, into its CloudWatch stream."""
@@ -293,6 +338,14 @@ class EmulatedBatch:
 
     def pids(self) -> list[int]:
         return [n.proc.pid for s in self.jobs.values() for n in s["nodes"].values()]
+
+
+def _tool(folder: str, name: str, output: str, fails: bool = False) -> None:
+    """A stand-in executable that prints `output` (exit 1 when `fails`)."""
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\nexit {1 if fails else 0}\n")
+    os.chmod(path, 0o755)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

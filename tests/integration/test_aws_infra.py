@@ -30,7 +30,7 @@ from stoker.backends.aws.infra import (
 )
 from stoker.backends.aws.infra import plan as make_plan
 from stoker.backends.aws.infra import status as infra_status
-from stoker.backends.aws.infra.state import OUTPUT_KEYS, State, state_path
+from stoker.backends.aws.infra.state import OUTPUT_KEYS, State, record_image, state_path
 from stoker.errors import BackendError, ConfigError
 
 pytestmark = pytest.mark.aws
@@ -271,7 +271,13 @@ def test_apply_twice_then_destroy_leaves_nothing(full):
     outputs = load_outputs()
     assert set(outputs) == set(OUTPUT_KEYS) and outputs == first.outputs
     assert outputs["queue"] == "stoker-queue" and outputs["store_url"] == "s3://stoker-test-bucket/stoker"
-    assert outputs["image"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/stoker:latest"
+    # no image before `stoker image build --push` records the pushed digest; never the mutable `:latest`
+    repo = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stoker"
+    assert outputs["image"] is None and outputs["ecr_repository_uri"] == repo
+    digest = f"{repo}@sha256:" + "ab" * 32
+    assert record_image(digest, repo) == "stoker"
+    outputs = load_outputs()
+    assert outputs["image"] == digest
     assert outputs["job_role_arn"] == "arn:aws:iam::123456789012:role/stoker-job-role"
     _backend_uses_the_outputs(loop, outputs)
     state = State.load("stoker")
@@ -285,12 +291,14 @@ def test_apply_twice_then_destroy_leaves_nothing(full):
     assert loop.mutations() == [], loop.mutations()
     assert not second.created and not second.updated and "no changes" in lines[-1]
     assert second.plan.summary() == "no changes"
+    assert second.outputs == outputs  # the recorded digest stays the image
 
     # the state lost: resources are found again by name and tag, nothing is created
     state_path("stoker").unlink()
     loop.calls.clear()
     apply(cfg, loop.clients())
-    assert loop.mutations() == [] and load_outputs() == outputs
+    # ... but the pushed digest was only in the state: it is forgotten until the next push
+    assert loop.mutations() == [] and load_outputs() == {**outputs, "image": None}
 
     rows, _ = infra_status(cfg, clients=loop.clients())
     assert {r.owner for r in rows if r.kind != "Batch service-linked role"} == {"stoker"}
@@ -464,7 +472,7 @@ def test_resources_in_the_way_and_existing_ones(full):
     apply(cfg, loop.clients())
     assert not loop.requests("CreateBucket") and not loop.requests("PutBucketTagging")
     assert not loop.requests("CreateSecurityGroup") and not loop.requests("CreateRepository")
-    assert load_outputs()["image"].endswith("/their-repo:latest")
+    assert load_outputs()["image"] is None and load_outputs()["ecr_repository_uri"].endswith("/their-repo")
     destroy(cfg, clients=loop.clients(), delete_bucket=True, force=True)
     # theirs stay: bucket, security group, repository
     assert s3.head_bucket(Bucket="their-bucket")

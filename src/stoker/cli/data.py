@@ -37,6 +37,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.01, help="share of documents for validation (0.01)")
     p.add_argument("--output", "-o", default=None,
                    help="folder or fsspec URL (s3://...); default $STOKER_HOME/datasets/<fingerprint>")
+    p.add_argument("--format", dest="format", choices=["stoker", "hf"], default="stoker",
+                   help="stoker: token shards + manifest (default); hf: a Hugging Face save_to_disk folder "
+                        "(input_ids/attention_mask/labels, what NeuronX Distributed's --data_dir reads)")
     p.add_argument("--remainder", choices=["drop", "pad"], default="drop",
                    help="the stream's last partial block: drop it or pad it (default: drop)")
     p.add_argument("--no-bos", dest="add_bos", action="store_false", help="do not open documents with BOS")
@@ -68,10 +71,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                   val_fraction=args.val_fraction, output=args.output, text_field=args.text_field,
                   doc_split=args.doc_split, encoding=args.encoding, decode_errors=args.decode_errors,
                   remainder=args.remainder, add_bos=args.add_bos, add_eos=args.add_eos, shard_mb=args.shard_mb,
-                  num_workers=args.workers, overwrite=args.overwrite, progress=not args.quiet)
+                  num_workers=args.workers, overwrite=args.overwrite, progress=not args.quiet, format=args.format)
     if args.json:
         print(json.dumps({"url": ref.url, "fingerprint": ref.fingerprint, "num_tokens": ref.num_tokens,
-                          "block_size": ref.block_size, "vocab_size": ref.vocab_size, "splits": ref.splits}))
+                          "block_size": ref.block_size, "vocab_size": ref.vocab_size, "splits": ref.splits,
+                          "format": ref.format}))
     elif args.quiet:
         print(ref.url)
     return 0

@@ -36,6 +36,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "(default), slurm, batch, or NAME=STEP,STEP for only those steps")
     p.add_argument("--dry-run", action="store_true", help="print what each step would submit (sbatch scripts "
                    "...) and exit")
+    p.add_argument("--no-preflight", action="store_true", help="skip the node checks a @torchrun gang runs "
+                   "before its command (devices, EFA, imports, data, disk, an all_reduce); sets STOKER_PREFLIGHT=0 "
+                   "for the run's tasks")
+    p.add_argument("--smoke", action="store_true", help="a smoke run of the same flow: gangs on at most 2 nodes, "
+                   "about 20 training steps with a checkpoint, then stop; prints what the full run costs per hour")
 
 
 def build_parser(flow_cls: type) -> argparse.ArgumentParser:
@@ -232,6 +237,12 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(flow_cls, router, with_specs, _given_params(flow_cls, args)), end="")
         return 0
+    if args.no_preflight:  # the tasks inherit it (local), or get it from the backend (sbatch, Batch overrides)
+        os.environ["STOKER_PREFLIGHT"] = "0"
+    if args.smoke:
+        from ..runtime import smoke
+
+        os.environ[smoke.ENV] = "1"
     guard = start_guardian(flow_cls.__name__)
     if args.command == "run":
         params = _given_params(flow_cls, args)
@@ -258,6 +269,10 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
                            on_submit=guard, project_options=_project_options(args),
                            run_id=write_runner_attributes(args.runner_attribute_file, flow_cls.__name__))
     guard.done()
+    if args.smoke:
+        from .smoke_report import print_smoke_report
+
+        print_smoke_report(flow_cls.__name__, result)
     return {"succeeded": 0, "killed": 130}.get(result.status, 1)
 
 

@@ -3,6 +3,10 @@
     stoker image render flow.py [--step train]          # print the Dockerfile (--output DIR: the whole context)
     stoker image build flow.py --push                    # docker build + push to `stoker infra`'s ECR repository
     stoker image build --kind neuron --dry-run           # print the docker commands instead of running them
+
+A `requirements.txt` next to the flow file (or `--requirements FILE`) is installed in the image after stoker: the
+NxD examples' scripts need theirs. A push records the pushed digest as `stoker infra`'s image, so job
+definitions name `REPOSITORY@sha256:...`, never a tag that a later push moves.
 """
 
 from __future__ import annotations
@@ -55,6 +59,19 @@ def load_flow_class(path: str) -> type:
     return classes[0]
 
 
+def _requirements(args: argparse.Namespace) -> Path | None:
+    """--requirements FILE, else requirements.txt next to the flow file (unless --no-requirements)."""
+    if args.no_requirements:
+        return None
+    if args.requirements:
+        return Path(args.requirements)
+    found = Path(args.flow).resolve().parent / "requirements.txt" if args.flow else None
+    if found is not None and found.is_file():
+        print(f"installing {found} in the image (--no-requirements leaves it out)", file=sys.stderr)
+        return found
+    return None
+
+
 def _spec(args: argparse.Namespace) -> Any:
     from ..backends.aws.image import ImageSpec, flow_kind
 
@@ -71,10 +88,17 @@ def _spec(args: argparse.Namespace) -> Any:
         raise ConfigError("which image? give the flow file (stoker image render flow.py) or --kind cpu|gpu|neuron")
     if args.no_efa:
         efa = False
+    args.requirements_file = _requirements(args)
     spec = ImageSpec(kind=kind, efa=efa, from_pypi=args.from_pypi, base=args.base, base_tag=args.base_tag,
                      base_region=args.base_region, torch_version=args.torch_version, torch_index=args.torch_index,
-                     user=args.user)
+                     user=args.user, pins=not args.no_pins, requirements=args.requirements_file is not None)
     return spec, why
+
+
+def _unpinned_note(ctx: Any) -> None:
+    if ctx.unpinned:
+        print(f"not pinned (not installed here, pip picks them in the image): {', '.join(ctx.unpinned)}",
+              file=sys.stderr)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -84,7 +108,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(render_dockerfile(spec))
         return 0
-    ctx = prepare_context(spec, Path(args.output), wheel=Path(args.wheel) if args.wheel else None)
+    ctx = prepare_context(spec, Path(args.output), wheel=Path(args.wheel) if args.wheel else None,
+                          requirements=args.requirements_file)
+    _unpinned_note(ctx)
     print(f"build context {ctx.path} (kind {spec.kind}{', ' + why if why else ''}): "
           f"{', '.join(['Dockerfile', *ctx.files])}; tag {ctx.tag}")
     return 0
@@ -112,18 +138,32 @@ def cmd_build(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_docker()  # before building a wheel that could not be used
     ctx = prepare_context(spec, Path(args.context) if args.context else None,
-                          wheel=Path(args.wheel) if args.wheel else None)
+                          wheel=Path(args.wheel) if args.wheel else None, requirements=args.requirements_file)
+    _unpinned_note(ctx)
     plan = plan_build(ctx, repository, push=args.push, platform=args.platform, latest=not args.no_latest)
     print(f"image kind {spec.kind}{' (' + why + ')' if why else ''}, context {ctx.path}", file=sys.stderr)
     if args.dry_run:
         sys.stdout.write(plan.script())
         return 0
-    image = run_plan(plan)
+    image = run_plan(plan)  # after a push: REPOSITORY@sha256:..., what job definitions must name
     verb = "pushed" if args.push else "built"
-    print(f"{verb} {image}" + (f" (and {', '.join(plan.also)})" if plan.also else ""))
+    print(f"{verb} {plan.image}" + (f" (and {', '.join(plan.also)})" if plan.also else ""))
     if args.push:
-        print(f"use it with @batch(image=\"{image}\") or export STOKER_BATCH_IMAGE={image}")
+        infra = _record_image(image, repository)
+        if infra:
+            print(f"recorded {image} as the image of `stoker infra {infra}`: @batch steps without image= run it")
+        else:
+            print(f"use it with @batch(image=\"{image}\") or export STOKER_BATCH_IMAGE={image}")
     return 0
+
+
+def _record_image(image: str, repository: str) -> str | None:
+    """Record a pushed digest in `stoker infra`'s state when it went to that infra's repository."""
+    try:
+        from ..backends.aws.infra.state import record_image
+    except ImportError:
+        return None
+    return record_image(image, repository)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -146,6 +186,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-index", help="pip index of torch (gpu default: PyPI, the CUDA build; cpu default: "
                    "the CPU index), e.g. https://download.pytorch.org/whl/cu128")
     p.add_argument("--user", help="the user the image runs as (default: stoker; root for neuron)")
+    p.add_argument("--requirements", metavar="FILE", help="the training script's pip requirements, installed "
+                   "after stoker (default: requirements.txt next to the flow file, if there)")
+    p.add_argument("--no-requirements", action="store_true", help="do not install requirements.txt of the flow")
+    p.add_argument("--no-pins", action="store_true", help="leave stoker's dependencies to pip instead of pinning "
+                   "them to the versions installed here")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@
 """
 
 from stoker.data.dataset import PackedDataset, open_dataset
+from stoker.data.hf_export import hf_dataset_path, load_hf_dataset
 from stoker.data.layout import DatasetRef
 from stoker.data.loader import BlockLoader
 from stoker.data.prepare import PrepareConfig, prepare
@@ -15,5 +16,5 @@ from stoker.data.tokenizer import Tokenizer, load_tokenizer
 from stoker.data.train_tokenizer import train_tokenizer
 from stoker.errors import DataError
 
-__all__ = ["BlockLoader", "DataError", "DatasetRef", "PackedDataset", "PrepareConfig", "Tokenizer", "load_tokenizer",
-           "open_dataset", "prepare", "resolve_source", "train_tokenizer"]
+__all__ = ["BlockLoader", "DataError", "DatasetRef", "PackedDataset", "PrepareConfig", "Tokenizer", "hf_dataset_path",
+           "load_hf_dataset", "load_tokenizer", "open_dataset", "prepare", "resolve_source", "train_tokenizer"]

@@ -112,6 +112,10 @@ def open_dataset(ref_or_url: DatasetRef | str | os.PathLike, split: str = "train
     if manifest is None:
         raise DataError(f"{url} holds no {layout.MANIFEST}: it is not a prepared dataset (or its prepare did not "
                         "finish); run `stoker data prepare` first")
+    if manifest["format"] == layout.HF_FORMAT:
+        raise DataError(f"{url} was prepared with --format hf (a Hugging Face save_to_disk folder); read it with "
+                        "datasets.load_from_disk or stoker.data.hf_export.load_hf_dataset, or prepare it again "
+                        "without --format hf for open_dataset")
     if layout.is_remote(url):
         root = layout.home_dir() / "cache" / "datasets" / manifest["fingerprint"]
         if not (root / layout.MANIFEST).is_file():

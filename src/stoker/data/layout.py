@@ -6,6 +6,9 @@ Layout (a folder or an object-store prefix)::
     manifest.json                 written last: its presence means the dataset is committed
     train/shard-00000.bin ...     flat little-endian uint16 (vocab <= 65536) or uint32 token ids
     val/shard-00000.bin ...       (when a validation split was requested)
+
+``--format hf`` writes a Hugging Face ``save_to_disk`` folder instead (see :mod:`stoker.data.hf_export`), with
+the same ``manifest.json`` (format ``stoker.hf/1``) that also lists every file and its sha256 under ``files``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from stoker.store.objects import ObjectStore, open_objects
 logger = logging.getLogger(__name__)
 
 FORMAT = "stoker.tokens/1"
+HF_FORMAT = "stoker.hf/1"  # --format hf: a datasets save_to_disk folder (stoker.data.hf_export)
+FORMATS = {"stoker": FORMAT, "hf": HF_FORMAT}  # --format NAME -> the manifest's format
 MANIFEST = "manifest.json"
 
 
@@ -89,6 +94,12 @@ class DatasetRef:
     def splits(self) -> list[str]:
         return sorted(self.manifest["splits"])
 
+    @property
+    def format(self) -> str:
+        """``"stoker"`` (token shards, :func:`~stoker.data.open_dataset`) or ``"hf"`` (a ``save_to_disk``
+        folder at :attr:`url`, :func:`~stoker.data.hf_export.load_hf_dataset`)."""
+        return "hf" if self.manifest.get("format") == HF_FORMAT else "stoker"
+
     def num_blocks(self, split: str = "train") -> int:
         return int(self.manifest["splits"][split]["num_blocks"])
 
@@ -134,6 +145,11 @@ def check_manifest(manifest: dict, where: str) -> dict:
             raise _bad(where, f"splits[{name!r}]", "no list of shard entries")
         for i, shard in enumerate(shards):
             safe_relative(shard.get("path"), where, f"splits[{name!r}].shards[{i}].path")
+    files = manifest.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+        raise _bad(where, f"files={type(files).__name__}", "not a list of file entries")
+    for i, entry in enumerate(files):
+        safe_relative(entry.get("path"), where, f"files[{i}].path")
     return manifest
 
 
@@ -143,9 +159,9 @@ def parse_manifest(text: str, where: str) -> dict:
     except ValueError as exc:
         raise DataError(f"{where} is not valid JSON ({exc}): the dataset is corrupted; prepare it again "
                         "with overwrite=True (--overwrite)") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataError(f"{where} is not a stoker dataset manifest (format {FORMAT!r}); prepare the dataset "
-                        "with `stoker data prepare`")
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS.values():
+        raise DataError(f"{where} is not a stoker dataset manifest (format {FORMAT!r} or {HF_FORMAT!r}); prepare "
+                        "the dataset with `stoker data prepare`")
     return check_manifest(manifest, where)
 
 
@@ -217,20 +233,20 @@ def _upload(staging: Path, target: str, *, overwrite: bool) -> None:
 
 def download(url: str, manifest: dict, dest: Path) -> None:
     """Copy a committed remote dataset to the local folder ``dest`` (atomically), shards in parallel, each
-    verified against the sha256 its manifest records."""
+    verified against the sha256 its manifest records (every file its ``files`` lists, when it has one)."""
     check_manifest(manifest, f"{url.rstrip('/')}/{MANIFEST}")  # its paths decide where files are written
     store = objects(url)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir(parents=True)
     try:
         wanted = []
-        for split in manifest["splits"].values():
-            for shard in split["shards"]:
-                local = tmp / shard["path"]
-                if not local.resolve().is_relative_to(tmp.resolve()):  # belt and braces after check_manifest
-                    raise _bad(f"{url.rstrip('/')}/{MANIFEST}", repr(shard["path"]), "it leads out of the dataset")
-                local.parent.mkdir(parents=True, exist_ok=True)
-                wanted.append((shard["path"], local, shard.get("sha256")))
+        entries = manifest.get("files") or [shard for split in manifest["splits"].values() for shard in split["shards"]]
+        for shard in entries:
+            local = tmp / shard["path"]
+            if not local.resolve().is_relative_to(tmp.resolve()):  # belt and braces after check_manifest
+                raise _bad(f"{url.rstrip('/')}/{MANIFEST}", repr(shard["path"]), "it leads out of the dataset")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            wanted.append((shard["path"], local, shard.get("sha256")))
         store.get_many(wanted)
         write_manifest(tmp, manifest)
         try:

@@ -49,13 +49,16 @@ class SplitWriter:
             if self._file is None:
                 self._open()
             take = min(len(data), self.shard_tokens - self._in_shard)
-            chunk = np.ascontiguousarray(data[:take])
-            self._file.write(memoryview(chunk).cast("B"))
-            self._hash.update(memoryview(chunk).cast("B"))
+            self._emit(np.ascontiguousarray(data[:take]))
             self._in_shard += take
             data = data[take:]
             if self._in_shard == self.shard_tokens:
                 self._close_shard()
+
+    def _emit(self, chunk: np.ndarray) -> None:
+        """Write whole blocks into the open shard (the Hugging Face writer writes arrow rows instead)."""
+        self._file.write(memoryview(chunk).cast("B"))
+        self._hash.update(memoryview(chunk).cast("B"))
 
     def _open(self) -> None:
         rel = f"{self.split}/shard-{len(self.shards):05d}.bin"

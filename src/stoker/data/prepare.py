@@ -47,6 +47,7 @@ class PrepareConfig:
     encoding: str = "utf-8"
     decode_errors: str = "strict"
     split: str = "train"
+    format: str = "stoker"
     remainder: str = "drop"
     add_bos: bool = True
     add_eos: bool = True
@@ -62,6 +63,10 @@ class PrepareConfig:
             raise ConfigError(f"block_size={self.block_size!r}: must be an integer >= 2 (e.g. 256, 4096)")
         if not 0.0 <= float(self.val_fraction) < 1.0:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: must be in [0, 1) (e.g. 0.01)")
+        if not isinstance(self.format, str) or self.format not in layout.FORMATS:
+            raise ConfigError(f"format={self.format!r}: must be 'stoker' (stoker's token shards, the default) or "
+                              "'hf' (a Hugging Face save_to_disk folder for datasets.load_from_disk / NxD's "
+                              "--data_dir); pass format='hf' (--format hf) or leave it out")
         if self.remainder not in REMAINDERS:
             raise ConfigError(f"remainder={self.remainder!r}: must be one of {REMAINDERS}")
         if self.doc_split not in DOC_SPLITS:
@@ -75,7 +80,7 @@ class PrepareConfig:
 
 def dataset_fingerprint(cfg: PrepareConfig, source: Source, tok: Tokenizer) -> str:
     """Identity of the output: source + tokenizer + every setting that changes the tokens."""
-    key = {"format": layout.FORMAT, "source": source.fingerprint(), "tokenizer": tok.fingerprint,
+    key = {"format": layout.FORMATS[cfg.format], "source": source.fingerprint(), "tokenizer": tok.fingerprint,
            "block_size": cfg.block_size, "val_fraction": float(cfg.val_fraction), "remainder": cfg.remainder,
            "add_bos": cfg.add_bos, "add_eos": cfg.add_eos,
            # None: never cut; "cut@ws": long documents are cut before a word, not at the exact limit
@@ -247,7 +252,8 @@ def prepare(source: str | os.PathLike | Source = "shakespeare", tokenizer: str |
     Returns at once with the cached :class:`DatasetRef` when the same source, tokenizer and settings were
     prepared before. ``options`` are the other :class:`PrepareConfig` fields (``text_field``, ``doc_split``,
     ``remainder``, ``shard_mb``, ``num_workers``, ``overwrite``, ``progress`` ...); ``console``: the rich
-    console for the progress line and the summary (default: stderr).
+    console for the progress line and the summary (default: stderr). ``format="hf"`` writes the same blocks
+    as a Hugging Face ``save_to_disk`` folder at ``ref.url`` (:mod:`stoker.data.hf_export`).
     """
     console = options.pop("console", None)
     cfg = PrepareConfig(source=str(source), tokenizer=str(tokenizer), block_size=block_size,
@@ -312,10 +318,16 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     described = src.describe()
     staging.mkdir(parents=True)
     dtype = token_dtype(tok.vocab_size)
-    shard_blocks = max(1, int(cfg.shard_mb * 2**20) // (cfg.block_size * dtype.itemsize))
+    writer_class, extra, per_token = SplitWriter, {}, dtype.itemsize
+    if cfg.format == "hf":
+        from stoker.data import hf_export
+
+        writer_class, extra, per_token = hf_export.ArrowSplitWriter, {"fingerprint": fingerprint}, \
+            hf_export.BYTES_PER_TOKEN
+    shard_blocks = max(1, int(cfg.shard_mb * 2**20) // (cfg.block_size * per_token))
     pad_id = next(i for i in (tok.pad_id, tok.eos_id, 0) if i is not None)
-    writers = {name: SplitWriter(staging, name, dtype=dtype, block_size=cfg.block_size, shard_blocks=shard_blocks,
-                                 remainder=cfg.remainder, pad_id=pad_id) for name in ("train", "val")}
+    writers = {name: writer_class(staging, name, dtype=dtype, block_size=cfg.block_size, shard_blocks=shard_blocks,
+                                  remainder=cfg.remainder, pad_id=pad_id, **extra) for name in ("train", "val")}
     bos = np.array([tok.bos_id] if cfg.add_bos and tok.bos_id is not None else [], dtype=np.int64)
     # GPT-2 style tokenizers have one <|endoftext|> for both: write it once per document, before it
     same = cfg.add_bos and tok.bos_id is not None and tok.bos_id == tok.eos_id
@@ -396,7 +408,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     stored = sum(s["num_tokens"] for s in splits.values())
     seen = progress.tokens
     manifest = {
-        "format": layout.FORMAT, "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "format": layout.FORMATS[cfg.format], "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source": described, "tokenizer": tok.describe(), "block_size": cfg.block_size, "dtype": dtype.name,
         "settings": {k: v for k, v in asdict(cfg).items() if k not in ("output", "progress", "overwrite", "source",
                                                                       "tokenizer", "block_size")},
@@ -409,6 +421,9 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     if "num_files" in described:  # file sources: what was read from disk (compressed bytes when compressed)
         manifest["stats"].update(files=progress.files, bytes_read=progress.bytes,
                                  mb_per_s=round(progress.bytes / 1e6 / max(seconds, 1e-9), 2))
+    if cfg.format == "hf":  # the rows' dtypes, and every file with its sha256 (checked by a download)
+        manifest.update(dtype=hf_export.COLUMNS["input_ids"], columns=dict(hf_export.COLUMNS),
+                        files=hf_export.file_list(staging))
     layout.write_manifest(staging, manifest)
     return manifest
 

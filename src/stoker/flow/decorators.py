@@ -152,7 +152,9 @@ class TorchrunDecorator(ParallelDecorator):
                 "rdzv_timeout": None, "max_restarts": 0, "tee": True,
                 # Neuron: the compile cache's prefix in the store (None: not kept), and a neuron_parallel_compile
                 # pass before the run (True, or a dict of flags to change for it, e.g. {"steps_this_run": 2})
-                "neuron_cache": "neuron-cache/", "precompile": False}
+                "neuron_cache": "neuron-cache/", "precompile": False,
+                # flags of the command whose store URLs are copied to each node's disk first (["data_dir"])
+                "stage": None}
 
 
 class MonitorDecorator(StepDecorator):

@@ -125,6 +125,34 @@ def pipeline_summary(flow: str, run_id: str, m: Mapping[str, Any], e: Mapping[st
     ])
 
 
+def model_shape(model: Mapping[str, Any]) -> dict[str, Any] | None:
+    """n_heads, n_kv_heads and max_seq_len of the [model] section (a named shape plus overrides); None when the
+    named shapes cannot be read here (they live with the model code, which needs torch)."""
+    import importlib.util
+
+    keys = ("n_heads", "n_kv_heads", "max_seq_len")
+    given = {k: model[k] for k in keys if k in model}
+    name = model.get("name")
+    if name and len(given) < len(keys):
+        if importlib.util.find_spec("torch") is None:
+            return None
+        from stoker.train.configs import get_model_config
+
+        base = get_model_config(str(name)).to_dict()
+        given = {**{k: base[k] for k in keys}, **given}
+    return given if "n_heads" in given and "max_seq_len" in given else None
+
+
+def check_train_plan(cfg: dict) -> None:
+    """Heads and KV heads vs parallel.tp, the global batch vs dp x micro-batch, the sequence vs the model's
+    positions and the ranks vs tp: refused here, before data is prepared or a node is started."""
+    from stoker.train.plan import check, stoker_train_plan
+
+    shape = model_shape(cfg.get("model") or {})
+    if shape is not None:
+        check(stoker_train_plan(cfg, shape), "the pipeline config")
+
+
 class PipelineConfig(Config):
     """The pipeline's Config, checked against stoker.train's settings when the run starts."""
 
@@ -133,6 +161,7 @@ class PipelineConfig(Config):
         value = super().resolve(path, overrides, base_dir)
         if value is not None:
             check_train_settings(value.to_dict(), overrides)
+            check_train_plan(value.to_dict())
         return value
 
 

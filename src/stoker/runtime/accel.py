@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-DEV_DIR = "/dev"
+DEV_DIR = "/dev"  # where the preflight counts device files; STOKER_DEV_DIR moves it (the Batch emulation's nodes)
 DMI_PRODUCT = "/sys/devices/virtual/dmi/id/product_name"  # the EC2 instance type on Nitro instances
 NEURON_CACHE_DIR = "/var/tmp/neuron-compile-cache"  # the Neuron SDK's own default
 ASSUMED_CORES_PER_DEVICE = 2  # trn1 / inf2
@@ -32,6 +32,10 @@ EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAF
 # the user's choice (@environment), never ours.
 NEURON_ENV = {"NEURON_FUSE_SOFTMAX": "1", "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3",
               "MALLOC_ARENA_MAX": "64"}
+# What NxD's training scripts export for the compiler (examples/training/llama/tp_zero1_llama_hf_pretrain/*.sh,
+# Neuron 2.22 and later: `--distribution-strategy=llm-training` was dropped from them then). Trainium only: an
+# Inferentia step is inference, which this flag does not describe. A user's NEURON_CC_FLAGS replaces it whole.
+NEURON_TRAINING_ENV = {"NEURON_CC_FLAGS": "--model-type transformer"}
 COUNT_KEYS = ("cpu", "gpu", "trainium", "inferentia", "efa")
 
 Runner = Callable[[list[str]], "str | None"]  # argv -> stdout, None when the command failed
@@ -172,8 +176,10 @@ def node_env(resources: Mapping[str, Any], env: Mapping[str, str] | None = None,
     variable already in `env` (the user's value wins).
 
     efa > 0: `FI_PROVIDER=efa FI_EFA_USE_DEVICE_RDMA=1 FI_EFA_FORK_SAFE=1`. trainium / inferentia > 0, or Neuron
-    devices on the node (`neuron_devices`, counted in /dev when None): `NEURON_ENV` and the compile cache
-    folder (`NEURON_COMPILE_CACHE_URL`, unless `--cache_dir` in `NEURON_CC_FLAGS` or the URL is already set).
+    devices on the node (`neuron_devices`, counted in /dev when None): `NEURON_ENV`, `NEURON_TRAINING_ENV` (not for
+    an Inferentia step) and the compile cache folder (`NEURON_COMPILE_CACHE_URL`, unless `--cache_dir` in
+    `NEURON_CC_FLAGS` or the URL is already set). The interface of the collectives (`CCOM_SOCKET_IFNAME`) is
+    the engine's to know: the Batch backend sets it.
     """
     env = os.environ if env is None else env
     want: dict[str, str] = {}
@@ -184,6 +190,8 @@ def node_env(resources: Mapping[str, Any], env: Mapping[str, str] | None = None,
         neuron = (neuron_device_count() if neuron_devices is None else neuron_devices) > 0
     if neuron:
         want.update(NEURON_ENV)
+        if not float(resources.get("inferentia") or 0) > 0:
+            want.update(NEURON_TRAINING_ENV)
         if "--cache_dir" not in env.get("NEURON_CC_FLAGS", ""):
             want["NEURON_COMPILE_CACHE_URL"] = NEURON_CACHE_DIR
     return {k: v for k, v in want.items() if k not in env}

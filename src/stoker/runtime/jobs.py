@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ..flow.decorators import get_decorator
 from ..store.manifest import run_prefix
 from .executor import Backend, JobRef, Unit
@@ -18,7 +20,17 @@ def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec
                 options=dict(opts.attributes) if opts else {},
                 resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
                 timeout_s=tmo.total_seconds if tmo else None, store_url=store_url,
-                env={"STOKER_RUN_ID": first.run_id}, throttle=throttle)
+                env={"STOKER_RUN_ID": first.run_id, **run_env()}, throttle=throttle)
+
+
+# how a run was started (`run --smoke`, `--no-preflight`) and the preflight's floors: every task of the run reads
+# them, wherever it runs (a Batch container gets only what its SubmitJob request carries)
+RUN_ENV = ("STOKER_SMOKE", "STOKER_PREFLIGHT", "STOKER_PREFLIGHT_MIN_BUSBW_GBPS", "STOKER_PREFLIGHT_MIN_DISK_GB",
+           "STOKER_PREFLIGHT_TIMEOUT")
+
+
+def run_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in RUN_ENV if os.environ.get(k)}
 
 
 def jobs_prefix(flow: str, run_id: str) -> str:

@@ -30,6 +30,7 @@ from ..flow.current import ParallelInfo, current
 from ..flow.decorators import get_decorator
 from ..redact import redact_command
 from . import neuron_cache
+from . import smoke as smoke_mode
 from .accel import Accelerators, detect, node_env, nproc_for, step_request, wants_neuron
 from .failures import kill_grace
 
@@ -72,6 +73,35 @@ def _args_list(args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
         raise ConfigError(f"args={args!r}: give a dict of flags ({{'max_steps': 10}}) or a list of strings "
                           f"(['--max_steps', '10']), not one string")
     return [str(a) for a in args]
+
+
+def _flag_values(args: Mapping[str, Any] | Sequence[str] | None) -> dict[str, str]:
+    """`--flag` -> its (first) value in `args` (`--flag=value` too)."""
+    out: dict[str, str] = {}
+    toks = _args_list(args)
+    for i, tok in enumerate(toks):
+        if _is_flag(tok):
+            name, eq, value = tok.partition("=")
+            if eq:
+                out.setdefault(name, value)
+            elif i + 1 < len(toks) and not _is_flag(toks[i + 1]):
+                out.setdefault(name, toks[i + 1])
+    return out
+
+
+def raise_open_files_limit() -> None:
+    """Raise this process's open-files soft limit to its hard limit (the workers inherit it): collective
+    libraries (the Neuron runtime, libfabric, NCCL) open many files per rank, and container defaults of 1024
+    run out; every AWS recipe runs `ulimit -n` first."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _is_flag(tok: str) -> bool:
@@ -120,6 +150,8 @@ class TorchrunHelper:
     neuron: bool | None = None  # None: the step asks for Neuron devices, or the node has some
     accelerators: Callable[[], Accelerators] | None = None  # replaces the node's detection (tests)
     log_dir: str | None = None  # torchrun's own log folder: under the task's tempdir, removed with it
+    stage_flags: list[str] | dict[str, str] | None = None  # @torchrun(stage=...): inputs to copy to the node
+    staged: list[Any] = field(default_factory=list)  # what was staged on this node (runtime.stage.Staged)
 
     @classmethod
     def for_task(cls, func: Any, par: ParallelInfo) -> TorchrunHelper:
@@ -137,7 +169,7 @@ class TorchrunHelper:
                    options={k: v for k, v in (batch.attributes if batch else {}).items() if v is not None},
                    store_url=current.get("store_url"),
                    neuron_cache=attrs.get("neuron_cache", neuron_cache.DEFAULT_PREFIX) or None,
-                   precompile=attrs.get("precompile") or False,
+                   precompile=attrs.get("precompile") or False, stage_flags=attrs.get("stage") or None,
                    log_dir=os.path.join(current.get("tempdir"), "torchrun") if current.get("tempdir") else None)
 
     @property
@@ -173,14 +205,61 @@ class TorchrunHelper:
         cmd += (["-m", entrypoint] if is_module else [entrypoint]) + _args_list(args)
         return cmd
 
+    def _smoke_args(self, entrypoint: str, args: Any, given: Mapping[str, Any] | None) -> list[str]:
+        over = smoke_mode.command_overrides(entrypoint, args, given)
+        out = override_args(args, over) if over else _args_list(args) + smoke_mode.stoker_train_args()
+        shown = " ".join(_args_list(over)) if over else " ".join(smoke_mode.stoker_train_args())
+        print(f"torchrun: smoke run: {shown}", flush=True)
+        return out
+
+    def stage(self, url: str) -> str:
+        """Copy a store URL (`s3://...`) to this node's disk, verified and cached across attempts; its local path.
+        What it cost is printed and kept in `self.staged` (see `stoker.runtime.stage`)."""
+        from .stage import stage
+
+        staged = stage(url)
+        self.staged.append(staged)
+        print(staged.summary(), flush=True)
+        return staged.path
+
+    def _stage_args(self, args: Any, stage: Sequence[str] | Mapping[str, str] | str | None) -> Any:
+        """`args` with the store URLs named by `stage` replaced by their staged local copies: a list of flag
+        names whose values are URLs (`["data_dir"]`), or a dict of flag -> URL (`{"data_dir": "s3://..."}`)."""
+        if not stage:
+            return args
+        if isinstance(stage, str):
+            stage = [stage]
+        wanted = dict(stage) if isinstance(stage, Mapping) else {}
+        if not isinstance(stage, Mapping):
+            given = _flag_values(args)
+            for name in stage:
+                flag = name if name.startswith("-") else f"--{name}"
+                if flag not in given:
+                    raise ConfigError(f"stage={list(stage)!r}: the command has no {flag} to stage; name a flag "
+                                      f"of args, or give stage={{'{name.lstrip('-')}': 's3://...'}}")
+                wanted[name] = given[flag]
+        return override_args(args, {k: self.stage(str(v)) for k, v in wanted.items()})
+
     def run(self, entrypoint: str, args: Any = None, entrypoint_args: Any = None, module: bool | None = None,
             nproc_per_node: int | None = None, env: Mapping[str, str] | None = None,
-            precompile: bool | Mapping[str, Any] | None = None, **_: Any) -> None:
+            precompile: bool | Mapping[str, Any] | None = None,
+            stage: Sequence[str] | Mapping[str, str] | str | None = None, preflight: bool | None = None,
+            preflight_paths: Sequence[str] = (), smoke: Mapping[str, Any] | None = None, **_: Any) -> None:
         """Run `entrypoint` (a module like `stoker.train`, or a script path) under torchrun; raise on failure.
 
         `precompile=True` first runs the same command under `neuron_parallel_compile`; a dict
-        (`{"steps_this_run": 2}`) overrides those flags for that pass only. Default: @torchrun(precompile=...)."""
+        (`{"steps_this_run": 2}`) overrides those flags for that pass only. Default: @torchrun(precompile=...).
+        `stage=["data_dir"]` copies the store URL given as `--data_dir` to this node's disk first (verified,
+        cached across attempts) and passes the local path instead; default: @torchrun(stage=...).
+        Before the command, a gang checks its nodes (`runtime.preflight`: devices, EFA, imports, staged data and
+        `preflight_paths`, disk, an all_reduce); `preflight=False` skips it, `True` runs it on one node too.
+        `smoke={"max_steps": 20}`: the flags a `run --smoke` changes (stoker.train and NxD's Llama scripts are
+        known; see `stoker.runtime.smoke`)."""
         args = args if args is not None else entrypoint_args
+        if smoke_mode.enabled():
+            args = self._smoke_args(entrypoint, args, smoke)
+        args = self._stage_args(args, stage if stage is not None else self.stage_flags)
+        raise_open_files_limit()
         pre = self.precompile if precompile is None else precompile
         if pre is not False and not isinstance(pre, (bool, Mapping)):
             raise ConfigError(f"precompile={pre!r}: use True, or a dict of the flags to change for the "
@@ -199,6 +278,9 @@ class TorchrunHelper:
         sync = self._cache_sync(child_env) if neuron else None
         if sync:
             sync("fetch")
+        from .preflight import gate
+
+        gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
         try:
             if pre:
                 self._precompile(entrypoint, args, module, n, child_env, pre)

@@ -13,12 +13,16 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .queue import Task, frames_key
+from .smoke import cap_gang
 
 
 class Scheduler(Protocol):
     """What these functions use of runtime.scheduler.Scheduler (which imports this module, not the reverse)."""
 
     graph: Any
+    store: Any
+    flow: str
+    run_id: str
     joins: dict
     _next_id: int
 
@@ -66,7 +70,8 @@ def start_successors(sched: Scheduler, t: Task) -> None:
             sched._add(target, [t], t.foreach + [{"step": t.step, "var": var, "index": i, "num_splits": n,
                                                    "desc": desc}], iteration=next_iteration(sched, t, target))
     elif node.kind == "parallel":
-        add_gang(sched, node.out_funcs[0], t, int(nxt["num_parallel"]))
+        n = cap_gang(sched.store, sched.flow, sched.run_id, node.out_funcs[0], int(nxt["num_parallel"]))
+        add_gang(sched, node.out_funcs[0], t, n)
     else:
         for target in chosen_steps(sched, t):
             if sched.graph[target].is_join:

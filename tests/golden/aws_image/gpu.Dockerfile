@@ -11,9 +11,10 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
 RUN python -m pip install --no-cache-dir torch==2.13.0
 
 # stoker; the base image's torch (and Neuron) builds stay: pip may add packages, not replace those
-COPY stoker-0.1.0-py3-none-any.whl /tmp/stoker/
+# stoker's dependencies: the versions pins.txt lists (resolved where the image was built)
+COPY stoker-0.1.0-py3-none-any.whl pins.txt /tmp/stoker/
 RUN mkdir -p /tmp/stoker && python -m pip freeze | grep -iE '^(torch|torch-neuronx|torch-xla|torchvision|neuronx-cc|libneuronxla|neuronx-distributed|numpy)==' > /tmp/stoker/keep.txt; \
-    python -m pip install --no-cache-dir --constraint /tmp/stoker/keep.txt "/tmp/stoker/stoker-0.1.0-py3-none-any.whl[train,data,aws]" \
+    python -m pip install --no-cache-dir --constraint /tmp/stoker/keep.txt --constraint /tmp/stoker/pins.txt "/tmp/stoker/stoker-0.1.0-py3-none-any.whl[train,data,aws]" \
  && rm -rf /tmp/stoker \
  && python -c "import stoker, torch; print('stoker', stoker.__version__, 'torch', torch.__version__)"
 

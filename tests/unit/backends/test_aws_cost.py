@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.backends.aws.cost import cost_headline, run_cost
+from stoker.errors import ConfigError
 from stoker.runtime.executor import JobRef
 from stoker.runtime.jobs import job_record_name
 from stoker.store import LocalBlobStore, MetadataDB, open_store, write_manifest
@@ -183,3 +184,27 @@ def test_stoker_show_prints_the_cost(capsys):
     with pytest.raises(SystemExit):
         main(["show", f"{FLOW}/8"])
     assert "cost" not in capsys.readouterr().out  # nothing ran off this machine: nothing to say
+
+
+def test_registered_memory_is_an_estimate_a_user_can_override(tmp_path, monkeypatch):
+    """AWS publishes no per-type figure of ECS-registered memory: stoker's are estimates, below what a job can
+    ask, and `[ecs_memory_mib]` of $STOKER_PRICES replaces them with a measured one (describe-container-instances)."""
+    from stoker.backends.aws.instances import instance_type
+    from stoker.backends.aws.render import whole_node
+
+    monkeypatch.delenv("STOKER_PRICES", raising=False)
+    trn = instance_type("trn1.32xlarge")
+    assert trn.ecs_memory_mib == 507_821 < 512 * 1024
+    assert 480_000 < trn.ecs_memory_mib  # examples/aws/llama2_trainium.py asks for memory=480000
+    assert instance_type("p5.48xlarge").ecs_memory_mib == int(2048 * 1024 * 0.968)
+    prices = tmp_path / "overrides.toml"
+    prices.write_text('"trn1.32xlarge" = 12.5\n\n[ecs_memory_mib]\n"trn1.32xlarge" = 500000\n')
+    monkeypatch.setenv("STOKER_PRICES", str(prices))
+    trn = instance_type("trn1.32xlarge")
+    assert (trn.ecs_memory_mib, trn.price) == (500_000, 12.5)
+    assert whole_node({"gpu": 0, "trainium": 16, "inferentia": 0, "efa": 8}, ["trn1.32xlarge"])["memory"] == 500_000
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[ecs_memory_mib]\n"trn1.32xlarge" = -1\n')
+    monkeypatch.setenv("STOKER_PRICES", str(bad))
+    with pytest.raises(ConfigError, match=r"STOKER_PRICES .*bad.toml: .*Fix: .*\[ecs_memory_mib\]"):
+        instance_type("trn1.32xlarge")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -34,7 +35,10 @@ from stoker.backends.aws.image import (
     parse_repository,
     plan_build,
     prepare_context,
+    pushed_digest,
+    read_requirements,
     render_dockerfile,
+    resolved_pins,
     run_plan,
     source_root,
     wheel_digest,
@@ -54,7 +58,12 @@ CASES = {
     "neuron": dict(kind="neuron", efa=True),
     "neuron_regional": dict(kind="neuron", base_region="us-west-2", base_tag="2.9.0-neuronx-py312-sdk2.28.0-"
                             "ubuntu24.04", user="stoker"),
+    "neuron_requirements": dict(kind="neuron", efa=True, requirements=True),
+    "cpu_unpinned": dict(kind="cpu", pins=False),
 }
+# examples/training/llama/requirements.txt of aws-neuron/neuronx-distributed at its Neuron 2.29 release
+NXD_LLAMA_REQUIREMENTS = ("transformers==4.48.0\nregex\ntensorboard\ndatasets<=3.6.0\nsentencepiece\ntenacity\n"
+                          "s3transfer\nawscrt\nhuggingface-hub>=0.27.1\n")
 
 
 def spec(name: str) -> ImageSpec:
@@ -77,7 +86,7 @@ def test_dockerfile_shape():
     cpu, gpu, neuron = (render_dockerfile(spec(n)) for n in ("cpu", "gpu_efa_cu128", "neuron"))
     assert cpu.startswith("# stoker image, kind cpu") and "FROM python:3.11-slim\n" in cpu
     assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in cpu
-    assert "COPY stoker-0.1.0-py3-none-any.whl /tmp/stoker/" in cpu
+    assert "COPY stoker-0.1.0-py3-none-any.whl pins.txt /tmp/stoker/" in cpu
     assert '"/tmp/stoker/stoker-0.1.0-py3-none-any.whl[train,data,aws]"' in cpu
     assert "USER stoker\nWORKDIR /workspace\n" in cpu
     assert f"FROM public.ecr.aws/neuron/pytorch-training-neuronx:{NEURON_DLC_TAG}\n" in neuron
@@ -85,11 +94,21 @@ def test_dockerfile_shape():
     assert "efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify" in gpu and "/opt/venv/bin" in gpu
     assert "--index-url https://download.pytorch.org/whl/cu128 torch==2.13.0" in gpu
     pypi = render_dockerfile(spec("cpu_pypi"))
-    assert '"stoker[train,data,aws]==0.1.0"' in pypi and "COPY" not in pypi
+    assert '"stoker[train,data,aws]==0.1.0"' in pypi and "COPY pins.txt /tmp/stoker/" in pypi
     for text in (cpu, gpu, neuron, pypi):
         assert "CMD" not in text.replace("# No CMD", "") and "ENTRYPOINT" not in text
-        assert "--constraint /tmp/stoker/keep.txt" in text  # the base image's torch build stays
+        # the base image's torch build stays; stoker's dependencies are the builder's versions
+        assert "--constraint /tmp/stoker/keep.txt --constraint /tmp/stoker/pins.txt" in text
         assert not any(w in text.lower() for w in ("aws_secret", "password", "token"))
+        assert "requirements" not in text
+    unpinned = render_dockerfile(spec("cpu_unpinned"))
+    assert "pins.txt" not in unpinned and "COPY stoker-0.1.0-py3-none-any.whl /tmp/stoker/" in unpinned
+    req = render_dockerfile(spec("neuron_requirements"))
+    assert "COPY stoker-0.1.0-py3-none-any.whl pins.txt requirements.txt /tmp/stoker/" in req
+    # after stoker, holding only the base image's builds: the script's pins (transformers==4.48.0) win
+    stoker_at, req_at = req.index("[train,data,aws]"), req.index(
+        "pip install --no-cache-dir --constraint /tmp/stoker/keep.txt --requirement /tmp/stoker/requirements.txt")
+    assert stoker_at < req_at < req.index("rm -rf /tmp/stoker")
 
 
 def test_spec_is_validated():
@@ -199,16 +218,75 @@ def test_context_is_deterministic_and_tagged_by_content(tmp_path):
     one = prepare_context(spec("cpu"), tmp_path / "one", wheel=wheel)
     two = prepare_context(spec("cpu"), tmp_path / "two", wheel=wheel)
     assert one.tag == two.tag and one.tag.startswith("cpu-") and len(one.tag) == 20
-    assert sorted(p.name for p in one.path.iterdir()) == ["Dockerfile", "stoker-0.1.0-py3-none-any.whl"]
+    assert sorted(p.name for p in one.path.iterdir()) == ["Dockerfile", "pins.txt", "stoker-0.1.0-py3-none-any.whl"]
     assert (one.path / "Dockerfile").read_text() == render_dockerfile(spec("cpu"))
     assert prepare_context(spec("gpu"), tmp_path / "three", wheel=wheel).tag != one.tag
     other = fake_wheel(tmp_path / "other.whl", body=b"x = 1\n")
     assert prepare_context(spec("cpu"), tmp_path / "four", wheel=other).tag != one.tag
     pypi = prepare_context(spec("cpu_pypi"))  # default folder: $STOKER_HOME/images/TAG
-    assert pypi.path.name == pypi.tag and [p.name for p in pypi.path.iterdir()] == ["Dockerfile"]
+    assert pypi.path.name == pypi.tag and sorted(p.name for p in pypi.path.iterdir()) == ["Dockerfile", "pins.txt"]
     assert content_tag("cpu", "FROM x\n", {}) == content_tag("cpu", "FROM x\n", {})
     with pytest.raises(ConfigError, match="--wheel .*nope.whl: no such file"):
         prepare_context(spec("cpu"), tmp_path / "five", wheel=tmp_path / "nope.whl")
+
+
+def test_pins_follow_stokers_dependency_closure():
+    requires = ["numpy>=1.24", "rich>=13", "tomli>=2.0; python_version < '3.11'", 'torch>=2.4; extra == "train"',
+                'transformers>=4.40; extra == "train"', 'boto3>=1.34; extra == "aws"', 'pytest>=8; extra == "dev"']
+    installed = {"rich": ("14.0.0", ["markdown-it-py>=2.2", 'ipywidgets>=7; extra == "jupyter"']),
+                 "markdown-it-py": ("3.0.0", ["mdurl~=0.1"]), "mdurl": ("0.1.2", []),
+                 "transformers": ("4.57.1", ["tokenizers<=0.23,>=0.22", "huggingface-hub[hf-xet]>=0.34",
+                                             'torch>=2.2; extra == "torch"']),
+                 "tokenizers": ("0.22.1", []), "boto3": ("1.40.0", ["botocore<1.41,>=1.40"]),
+                 "botocore": ("1.40.2", [])}
+    asked: list[str] = []
+
+    def lookup(name):
+        asked.append(name)
+        return installed.get(name)
+
+    pins, missing = resolved_pins(requires, "train,data,aws", keep="torch|numpy", installed=lookup)
+    assert pins == {"boto3": "1.40.0", "botocore": "1.40.2", "markdown-it-py": "3.0.0", "mdurl": "0.1.2",
+                    "rich": "14.0.0", "tokenizers": "0.22.1", "transformers": "4.57.1"}
+    assert missing == ["huggingface-hub", "tomli"]  # not installed here: left to pip, and said so
+    # the base image's builds are neither pinned nor followed; extras nobody asked for are not followed
+    assert not {"torch", "numpy", "pytest", "ipywidgets"} & set(asked)
+
+
+def test_context_with_pins_and_the_scripts_requirements(tmp_path):
+    wheel = fake_wheel(tmp_path / "stoker-0.1.0-py3-none-any.whl")
+    req = tmp_path / "requirements.txt"
+    req.write_text(NXD_LLAMA_REQUIREMENTS)
+    pins = ({"rich": "14.0.0", "transformers": "4.57.1"}, ["tomli"])
+    ctx = prepare_context(spec("neuron_requirements"), tmp_path / "a", wheel=wheel, requirements=req, pins=pins)
+    assert ctx.files == ["pins.txt", "requirements.txt", "stoker-0.1.0-py3-none-any.whl"]
+    assert (ctx.path / "requirements.txt").read_text() == NXD_LLAMA_REQUIREMENTS
+    text = (ctx.path / "pins.txt").read_text()
+    assert "rich==14.0.0\ntransformers==4.57.1\n" in text and "not pinned: tomli" in text
+    assert ctx.unpinned == ["tomli"]
+    # the tag follows the content of every file: other requirements or other pins, another image
+    again = prepare_context(spec("neuron_requirements"), tmp_path / "b", wheel=wheel, requirements=req, pins=pins)
+    assert again.tag == ctx.tag
+    req.write_text(NXD_LLAMA_REQUIREMENTS.replace("4.48.0", "4.49.0"))
+    assert prepare_context(spec("neuron_requirements"), tmp_path / "c", wheel=wheel, requirements=req,
+                           pins=pins).tag != ctx.tag
+    assert prepare_context(spec("neuron_requirements"), tmp_path / "d", wheel=wheel, requirements=req,
+                           pins=({"rich": "14.0.1"}, [])).tag != ctx.tag
+    with pytest.raises(ConfigError, match="give both or neither"):
+        prepare_context(spec("neuron"), tmp_path / "e", wheel=wheel, requirements=req)
+
+
+@pytest.mark.parametrize("line", ["-r base.txt", "--requirement=base.txt", "-e .", "./my_pkg", "file:///x.whl",
+                                  "-c constraints.txt"])
+def test_requirements_must_be_installable_from_the_context(tmp_path, line):
+    req = tmp_path / "requirements.txt"
+    req.write_text(f"regex\n{line}\n")
+    with pytest.raises(ConfigError, match=r"requirements.txt:2: .* the image build cannot see: inline"):
+        read_requirements(req)
+    req.write_text(NXD_LLAMA_REQUIREMENTS + "# a comment\n--extra-index-url https://example.com/simple\n")
+    assert read_requirements(req).startswith("transformers==4.48.0")
+    with pytest.raises(ConfigError, match="--requirements .*nope.txt"):
+        read_requirements(tmp_path / "nope.txt")
 
 
 @pytest.mark.slow
@@ -237,14 +315,24 @@ def test_a_wheel_of_this_checkout_is_built_reproducibly(tmp_path):
 class Docker:
     """Records each docker call (argv, stdin) and answers with the exit code set for that subcommand."""
 
-    def __init__(self, **codes: int) -> None:
+    DIGEST = "sha256:" + "ab" * 32
+
+    def __init__(self, digests: list[str] | None = None, **codes: int) -> None:
         self.calls: list[tuple[list[str], bytes | None]] = []
         self.codes = codes
+        self.digests = digests  # RepoDigests docker reports (default: the pushed repository's)
+        self.pushed: set[str] = set()
 
     def __call__(self, argv, input=None, capture=False):
         self.calls.append((list(argv), input))
         code = self.codes.get(argv[1], 0)
-        return subprocess.CompletedProcess(argv, code, b"", b"boom\n" if code else b"")
+        out = b""
+        if argv[1] == "push" and not code:
+            self.pushed.add(argv[2].rsplit(":", 1)[0])
+        if argv[1] == "image" and not code:  # image inspect: docker records the digest on push
+            digests = self.digests if self.digests is not None else [f"{r}@{self.DIGEST}" for r in self.pushed]
+            out = json.dumps(digests).encode() + b"\n"
+        return subprocess.CompletedProcess(argv, code, out, b"boom\n" if code else b"")
 
     @property
     def argvs(self) -> list[list[str]]:
@@ -260,7 +348,7 @@ def test_build_and_push_to_ecr_against_moto(aws, tmp_path):
     ctx = context(tmp_path)
     plan = plan_build(ctx, uri, push=True)
     docker = Docker()
-    assert run_plan(plan, runner=docker) == f"{uri}:{ctx.tag}"
+    assert run_plan(plan, runner=docker) == f"{uri}@{Docker.DIGEST}"  # the digest, not a tag that can move
     registry = uri.split("/")[0]
     assert docker.argvs == [
         ["docker", "info", "--format", "{{.ServerVersion}}"],
@@ -269,6 +357,7 @@ def test_build_and_push_to_ecr_against_moto(aws, tmp_path):
          str(ctx.path)],
         ["docker", "push", f"{uri}:{ctx.tag}"],
         ["docker", "push", f"{uri}:latest"],
+        ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", f"{uri}:{ctx.tag}"],
     ]
     password = docker.calls[1][1]
     assert password == b"123456789012-auth-token"  # moto's token, decoded: only ever on stdin
@@ -303,6 +392,8 @@ def test_dry_run_script(tmp_path):
         f"docker build --platform linux/amd64 --tag {REPO}:{ctx.tag} --tag {REPO}:latest {ctx.path}",
         f"docker push {REPO}:{ctx.tag}",
         f"docker push {REPO}:latest",
+        f"# the image to run: REPOSITORY@sha256:..., from docker image inspect --format '{{{{json .RepoDigests}}}}' "
+        f"{REPO}:{ctx.tag}",
     ]
     other = plan_build(ctx, "ghcr.io/me/stoker", push=True)
     assert other.logins == []  # not ECR: docker must be logged in already
@@ -339,6 +430,15 @@ def test_docker_failures_are_reported(aws, tmp_path):
         run_plan(plan, runner=Docker(push=1))
     with pytest.raises(BackendError, match="docker login 123456789012.dkr.ecr.us-east-1.amazonaws.com failed"):
         docker_login("123456789012.dkr.ecr.us-east-1.amazonaws.com", "us-east-1", Docker(login=1))
+
+
+def test_the_pushed_digest_is_the_repositorys(tmp_path):
+    image = f"{REPO}:cpu-0123456789abcdef"
+    other = f"ghcr.io/me/stoker@{Docker.DIGEST}"
+    assert pushed_digest(image, Docker(digests=[other, f"{REPO}@{Docker.DIGEST}"])) == f"{REPO}@{Docker.DIGEST}"
+    for docker in (Docker(digests=[other]), Docker(digests=[]), Docker(image=1)):
+        with pytest.raises(BackendError, match=r"no digest of it in .*aws ecr describe-images .*@batch\(image="):
+            pushed_digest(image, docker)
 
 
 def test_repository_is_required_to_push_and_checked(tmp_path):
@@ -398,4 +498,25 @@ def test_cli_build_dry_run_and_missing_repository(tmp_path, capsys, monkeypatch)
         assert "--push needs a repository" in capsys.readouterr().err
     monkeypatch.setenv("STOKER_IMAGE_REPOSITORY", "ghcr.io/me/stoker")
     assert stoker_image("build", "--kind", "cpu", "--wheel", wheel, "--push", "--dry-run", "--no-latest") == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("docker push ghcr.io/me/stoker:cpu-")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("docker push ghcr.io/me/stoker:cpu-")
+    assert lines[-1].startswith("# the image to run: REPOSITORY@sha256:..., from docker image inspect")
+
+
+def test_cli_installs_the_requirements_next_to_the_flow(tmp_path, capsys):
+    flow = flow_file(tmp_path, train="@batch(trainium=16, efa=8)")
+    wheel = str(fake_wheel(tmp_path / "w.whl"))
+    (tmp_path / "requirements.txt").write_text(NXD_LLAMA_REQUIREMENTS)
+    assert stoker_image("render", flow, "--output", str(tmp_path / "a"), "--wheel", wheel) == 0
+    assert "installing " + str(tmp_path / "requirements.txt") in capsys.readouterr().err
+    assert (tmp_path / "a" / "requirements.txt").read_text() == NXD_LLAMA_REQUIREMENTS
+    assert "--requirement /tmp/stoker/requirements.txt" in (tmp_path / "a" / "Dockerfile").read_text()
+    assert stoker_image("render", flow, "--no-requirements", "--no-pins", "--output", str(tmp_path / "b"),
+                        "--wheel", wheel) == 0
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["Dockerfile", "stoker-0.1.0-py3-none-any.whl"]
+    other = tmp_path / "nxd.txt"
+    other.write_text("-r requirements.txt\n")
+    assert stoker_image("render", "--kind", "neuron", "--requirements", str(other)) == 0  # printing needs no file
+    assert stoker_image("render", "--kind", "neuron", "--requirements", str(other), "--output",
+                        str(tmp_path / "c"), "--wheel", wheel) == 1
+    assert "nxd.txt:1: '-r requirements.txt' refers to a file" in capsys.readouterr().err

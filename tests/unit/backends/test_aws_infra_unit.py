@@ -8,6 +8,8 @@ import base64
 import email
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -214,12 +216,33 @@ def test_open_egress_and_self_rule():
 def test_user_data_installs_only_the_drivers_the_types_need():
     trn = _user_data_text(cfg())
     assert "memlock" in trn and "efa_installer.sh" in trn and "aws-neuronx-dkms" in trn
-    assert "modinfo efa" in trn and "modinfo neuron" in trn  # only where the AMI lacks them
+    assert "modinfo neuron" in trn  # the Neuron driver only where the AMI lacks it
+    # EFA: never `modinfo efa` (AL2023's in-kernel module has no libfabric); the full installer (not --minimal)
+    # unless libfabric's efa provider already sees the devices, then that check again, failing the node loudly
+    assert "modinfo efa" not in trn and "--minimal" not in trn
+    skip, install, check = (trn.index(s) for s in (
+        "if ! /opt/amazon/efa/bin/fi_info -p efa >/dev/null 2>&1; then", "./efa_installer.sh -y)",
+        "/opt/amazon/efa/bin/fi_info -p efa || stoker_fail \"EFA:"))
+    assert skip < install < check
+    assert "aws-efa-installer-1.41.0.tar.gz" in trn  # pinned, as in the gpu images
+    fail = trn[trn.index("stoker_fail() {"):trn.index("\n}\n")]
+    assert "tee /dev/console" in fail and "systemctl mask --now ecs.service" in fail and "shutdown -h now" in fail
+    assert "exit 1" in fail and fail.index("mask") < fail.index("shutdown")
+    assert "ls /dev/neuron0 >/dev/null || stoker_fail" in trn
     p5 = _user_data_text(cfg(instance_types=["p5.48xlarge"], max_vcpus=768))
     assert "efa_installer.sh" in p5 and "neuron" not in p5
     cpu = _user_data_text(cfg(instance_types=["c5.4xlarge"], max_vcpus=64))
     assert "memlock" in cpu and "efa_installer" not in cpu and "neuron" not in cpu
     assert "efa_installer" not in _user_data_text(cfg(install_drivers=False))
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("types, vcpus", [(["trn1.32xlarge"], 512), (["p5.48xlarge"], 768), (["c5.4xlarge"], 64)])
+def test_user_data_is_valid_bash(tmp_path, types, vcpus):
+    script = tmp_path / "user-data.sh"
+    script.write_text(_user_data_text(cfg(instance_types=types, max_vcpus=vcpus)))
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("name, itype, vcpus", [("trn1", "trn1.32xlarge", 512), ("cpu", "c5.4xlarge", 64)])
@@ -313,6 +336,24 @@ def test_state_is_written_on_every_record_and_forget():
     assert State.load("x").created("bucket")
     s.forget("bucket")
     assert State.load("x").resources == {}
+
+
+def test_a_pushed_digest_becomes_the_infras_image():
+    from stoker.backends.aws.infra.state import pushed_image, record_image
+
+    repo = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stoker"
+    ref = f"{repo}@sha256:" + "ab" * 32
+    assert record_image(ref, repo) is None  # no infra yet
+    state = State("stoker")
+    state.data["outputs"] = {**{k: None for k in OUTPUT_KEYS}, "ecr_repository_uri": repo}
+    state.save()
+    assert record_image(f"{repo}:latest", repo) is None  # a tag is never recorded: it moves
+    assert record_image("ghcr.io/me/stoker@sha256:" + "ab" * 32, "ghcr.io/me/stoker") is None  # not its repo
+    assert load_outputs()["image"] is None
+    assert record_image(ref, repo) == "stoker"
+    assert load_outputs()["image"] == ref
+    # kept in the state, outside the outputs, so the next apply (which rewrites them) keeps naming it
+    assert pushed_image(State.load("stoker"), repo) == ref and pushed_image(State.load("stoker"), "other") is None
 
 
 def test_wait_times_out_with_what_and_the_fix():

@@ -68,11 +68,12 @@ def test_efa_variables_only_when_efa_is_asked_for():
 def test_neuron_variables_for_trainium_inferentia_or_devices_on_the_node():
     want = {"NEURON_FUSE_SOFTMAX": "1", "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3", "MALLOC_ARENA_MAX": "64",
             "NEURON_COMPILE_CACHE_URL": NEURON_CACHE_DIR}
-    assert node_env({"trainium": 16}, {}, neuron_devices=0) == want
-    assert node_env({"inferentia": 1}, {}, neuron_devices=0) == want
-    assert node_env({}, {}, neuron_devices=16) == want  # a step without resources on a trn node
+    training = {**want, "NEURON_CC_FLAGS": "--model-type transformer"}
+    assert node_env({"trainium": 16}, {}, neuron_devices=0) == training  # what NxD's training scripts export
+    assert node_env({"inferentia": 1}, {}, neuron_devices=0) == want  # inference: no training compiler flags
+    assert node_env({}, {}, neuron_devices=16) == training  # a step without resources on a trn node
     both = node_env({"trainium": 16, "efa": 8}, {}, neuron_devices=16)
-    assert both == {**EFA_ENV, **want}
+    assert both == {**EFA_ENV, **training}
     assert "NEURON_RT_NUM_CORES" not in both and not any(k.startswith("XLA_") for k in both)
 
 

@@ -70,6 +70,7 @@ class BatchBackend(Backend):
         self._streams: dict[tuple[str, int], str] = {}  # (job, member) -> CloudWatch log stream
         self._tails: dict[str, _Tail] = {}
         self._last_logs = 0.0
+        self._warned: set[tuple[str, str]] = set()
         self._sink: Sink | None = None  # wait()'s, kept to flush a node's last lines when poll() sees it end
 
     # -- before submitting ----------------------------------------------------------------------------
@@ -91,7 +92,13 @@ class BatchBackend(Backend):
         s = step_settings(unit, self.options)
         if not s["image"]:
             raise ConfigError(f"{where}: no container image: set @batch(image=...) or STOKER_BATCH_IMAGE, or run "
-                              f"`stoker infra apply` and `stoker image build --push`")
+                              f"`stoker infra apply` and `stoker image build FLOW --push` (it records the pushed "
+                              f"digest as the infra's image)")
+        if "@sha256:" not in s["image"] and unit.kind == "gang" and (unit.step, s["image"]) not in self._warned:
+            self._warned.add((unit.step, s["image"]))  # once per step, not at every check of its gangs
+            log.warning("%s: image %s is a tag, which a push can move while the gang's nodes pull it one by one "
+                        "(then they run different images): name a digest, REPOSITORY@sha256:... (`stoker image "
+                        "build --push` prints it)", where, s["image"])
         if not s["queue"]:
             raise ConfigError(f"{where}: no job queue: set @batch(queue=...) or STOKER_BATCH_QUEUE, or run "
                               f"`stoker infra apply` (it creates one)")

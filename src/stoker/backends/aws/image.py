@@ -9,16 +9,21 @@ Three kinds, from the step's resources (or `--kind`):
     cpu     python:3.11-slim and torch's CPU build
 
 stoker goes in from a wheel of this checkout copied into the build context (or from PyPI with
-`from_pypi=True`), extras `[train,data,aws]`, never replacing the base image's torch build. The Dockerfile is
-rendered by a pure function (golden tests compare it); the build context (Dockerfile + wheel) is deterministic
-and its tag is a hash of its content, so the same code and settings give the same tag. No CMD: Batch passes the
-node command. No secrets: the ECR password goes to `docker login --password-stdin`, never to argv or a file.
+`from_pypi=True`), extras `[train,data,aws]`, never replacing the base image's torch build. Its dependencies are
+pinned (`pins.txt`, pip constraints) to the versions installed where the image is built, so an image is what was
+tested here, not what PyPI serves that day. A training script's own `requirements.txt` (the NxD examples have
+one) is installed after stoker, with only the base image's torch/Neuron builds held. The Dockerfile is rendered by
+a pure function (golden tests compare it); the build context (Dockerfile, wheel, pins, requirements) is
+deterministic and its tag is a hash of its content, so the same code and settings give the same tag. A push
+returns the pushed digest (`REPOSITORY@sha256:...`): job definitions name that, never a tag that can move.
+No CMD: Batch passes the node command. No secrets: the ECR password goes to `docker login --password-stdin`.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError, ConfigError
+from .image_deps import pins_text, read_requirements, resolved_pins, stoker_requires
 
 KINDS = ("cpu", "gpu", "neuron")
 EXTRAS = "train,data,aws"
@@ -52,6 +58,8 @@ NO_REPOSITORY = ("--push needs a repository: run `stoker infra apply` (it create
                  "ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME (or set STOKER_IMAGE_REPOSITORY)")
 # pinned to the base image's versions while stoker installs (the Neuron compiler pins numpy, for one)
 _KEEP = "torch|torch-neuronx|torch-xla|torchvision|neuronx-cc|libneuronxla|neuronx-distributed|numpy"
+PINS = "pins.txt"  # stoker's dependencies as resolved where the image is built (pip constraints)
+REQUIREMENTS = "requirements.txt"  # the training script's requirements, in the context under this name
 
 
 def dlc_registry(region: str) -> str:
@@ -65,7 +73,9 @@ class ImageSpec:
     base: a full FROM override; base_tag / base_region: the Neuron DLC's tag, and the region of the DLC
     account's registry to pull it from (None: the public ECR gallery, no login needed); torch_index: where
     torch comes from (gpu: PyPI by default; cpu: the CPU index); user: the user the image runs as ("root" to
-    stay root; neuron images default to root, as the DLC and the Neuron tools expect)."""
+    stay root; neuron images default to root, as the DLC and the Neuron tools expect); pins: stoker's
+    dependencies are held to pins.txt of the context (`resolved_pins`); requirements: the context has the
+    training script's requirements.txt, installed after stoker."""
 
     kind: str
     stoker_version: str = ""
@@ -79,6 +89,8 @@ class ImageSpec:
     efa_version: str = EFA_INSTALLER_VERSION
     user: str | None = None
     extras: str = EXTRAS
+    pins: bool = True
+    requirements: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -163,11 +175,20 @@ def render_dockerfile(spec: ImageSpec) -> str:
     target = f"stoker[{spec.extras}]=={spec.stoker_version}" if spec.from_pypi else \
         f"/tmp/stoker/{spec.wheel_name}[{spec.extras}]"
     out += ["", "# stoker; the base image's torch (and Neuron) builds stay: pip may add packages, not replace those"]
-    if not spec.from_pypi:
-        out += [f"COPY {spec.wheel_name} /tmp/stoker/"]
+    if spec.pins:
+        out += [f"# stoker's dependencies: the versions {PINS} lists (resolved where the image was built)"]
+    if spec.requirements:
+        out += ["# then the training script's requirements.txt: its pins win over stoker's, not over the base's"]
+    copy = ([] if spec.from_pypi else [spec.wheel_name]) + ([PINS] if spec.pins else []) \
+        + ([REQUIREMENTS] if spec.requirements else [])
+    if copy:
+        out += [f"COPY {' '.join(copy)} /tmp/stoker/"]
+    pins = f" --constraint /tmp/stoker/{PINS}" if spec.pins else ""
     out += [f"RUN mkdir -p /tmp/stoker && python -m pip freeze | grep -iE '^({_KEEP})==' > /tmp/stoker/keep.txt; \\",
-            f"    {pip} --constraint /tmp/stoker/keep.txt \"{target}\" \\",
-            " && rm -rf /tmp/stoker \\",
+            f"    {pip} --constraint /tmp/stoker/keep.txt{pins} \"{target}\" \\"]
+    if spec.requirements:
+        out += [f" && {pip} --constraint /tmp/stoker/keep.txt --requirement /tmp/stoker/{REQUIREMENTS} \\"]
+    out += [" && rm -rf /tmp/stoker \\",
             " && python -c \"import stoker, torch; print('stoker', stoker.__version__, 'torch', torch.__version__)\""]
     if spec.user == "root":
         out += ["", "WORKDIR /workspace"]
@@ -279,6 +300,7 @@ class BuildContext:
     dockerfile: str
     tag: str
     files: list[str] = field(default_factory=list)  # besides the Dockerfile
+    unpinned: list[str] = field(default_factory=list)  # stoker dependencies not installed here: left to pip
 
 
 def default_context_root() -> Path:
@@ -287,10 +309,16 @@ def default_context_root() -> Path:
     return home_dir() / "images"
 
 
-def prepare_context(spec: ImageSpec, dest: Path | None = None, wheel: Path | None = None) -> BuildContext:
-    """Write the build context: the Dockerfile and (unless from PyPI) the stoker wheel, into `dest` (default
-    `$STOKER_HOME/images/<tag>/`, replaced if there). `wheel`: a prebuilt one; else this checkout is built."""
+def prepare_context(spec: ImageSpec, dest: Path | None = None, wheel: Path | None = None,
+                    requirements: Path | None = None,
+                    pins: tuple[dict[str, str], list[str]] | None = None) -> BuildContext:
+    """Write the build context: the Dockerfile, (unless from PyPI) the stoker wheel, pins.txt and the training
+    script's requirements.txt, into `dest` (default `$STOKER_HOME/images/<tag>/`, replaced if there). `wheel`: a
+    prebuilt one, else this checkout is built; `pins`: (pins, unpinned), else `resolved_pins` of this Python."""
+    if spec.requirements != (requirements is not None):
+        raise ConfigError("ImageSpec(requirements=...) and the requirements file go together: give both or neither")
     dockerfile = render_dockerfile(spec)
+    texts: dict[str, str] = {REQUIREMENTS: read_requirements(requirements)} if requirements is not None else {}
     with tempfile.TemporaryDirectory(prefix="stoker-image-") as tmp:
         files: dict[str, str] = {}
         if not spec.from_pypi:
@@ -304,6 +332,12 @@ def prepare_context(spec: ImageSpec, dest: Path | None = None, wheel: Path | Non
             if not wheel.is_file():
                 raise ConfigError(f"--wheel {wheel}: no such file")
             files[spec.wheel_name] = wheel_digest(wheel)
+        unpinned: list[str] = []
+        if spec.pins:
+            found, unpinned = pins if pins is not None else resolved_pins(stoker_requires(wheel), spec.extras,
+                                                                           keep=_KEEP)
+            texts[PINS] = pins_text(found, unpinned, spec.extras)
+        files.update({name: hashlib.sha256(t.encode()).hexdigest() for name, t in texts.items()})
         tag = content_tag(spec.kind, dockerfile, files)
         path = Path(dest) if dest is not None else default_context_root() / tag
         if path.exists():
@@ -312,7 +346,10 @@ def prepare_context(spec: ImageSpec, dest: Path | None = None, wheel: Path | Non
         (path / "Dockerfile").write_text(dockerfile)
         if wheel is not None:
             shutil.copyfile(wheel, path / spec.wheel_name)
-    return BuildContext(path=path, spec=spec, dockerfile=dockerfile, tag=tag, files=sorted(files))
+        for name, t in texts.items():
+            (path / name).write_text(t, encoding="utf-8")
+    return BuildContext(path=path, spec=spec, dockerfile=dockerfile, tag=tag, files=sorted(files),
+                        unpinned=unpinned)
 
 
 # -- docker and ECR ----------------------------------------------------------------------------------------------
@@ -405,7 +442,33 @@ class BuildPlan:
 
         lines = [f"aws ecr get-login-password --region {region} | docker login --username AWS --password-stdin "
                  f"{registry}" for registry, region in self.logins]
-        return "\n".join(lines + [shlex.join(c) for c in self.commands()]) + "\n"
+        lines += [shlex.join(c) for c in self.commands()]
+        if self.push:
+            lines.append(f"# the image to run: REPOSITORY@sha256:..., from {shlex.join(inspect_argv(self.image))}")
+        return "\n".join(lines) + "\n"
+
+
+def inspect_argv(image: str) -> list[str]:
+    return ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image]
+
+
+def pushed_digest(image: str, runner: Runner = subprocess_runner) -> str:
+    """`REPOSITORY@sha256:...` of a pushed `REPOSITORY:TAG`: the registry's digest, which docker records on push.
+    Job definitions name it, so every node of a gang (and every retry) runs the same bytes."""
+    repository = image.rsplit(":", 1)[0]
+    proc = runner(inspect_argv(image), capture=True)
+    out = proc.stdout.decode(errors="replace") if isinstance(proc.stdout, bytes) else str(proc.stdout or "")
+    try:
+        digests = json.loads(out) if proc.returncode == 0 else []
+    except ValueError:
+        digests = []
+    for ref in digests if isinstance(digests, list) else []:
+        if isinstance(ref, str) and ref.startswith(f"{repository}@sha256:"):
+            return ref
+    raise BackendError(f"pushed {image}, but docker reports no digest of it in {repository} "
+                       f"(`{' '.join(inspect_argv(image))}`). Fix: look the digest up (`aws ecr describe-images "
+                       f"--repository-name NAME --image-ids imageTag=TAG`) and give @batch(image=\"{repository}@"
+                       f"sha256:...\") or STOKER_BATCH_IMAGE")
 
 
 def plan_build(ctx: BuildContext, repository: str | None, push: bool, platform: str = DEFAULT_PLATFORM,
@@ -427,8 +490,9 @@ def plan_build(ctx: BuildContext, repository: str | None, push: bool, platform: 
 
 def run_plan(plan: BuildPlan, runner: Runner = subprocess_runner, client_for: Callable[[str], Any] | None = None,
              ) -> str:
-    """Check docker, log in where needed, build (and push). Returns the image built. `client_for(region)`
-    gives the ECR client (default: stoker's boto3 client for that region)."""
+    """Check docker, log in where needed, build (and push). Returns the image built: `REPOSITORY:TAG`, or after
+    a push its digest `REPOSITORY@sha256:...`. `client_for(region)` gives the ECR client (default: stoker's
+    boto3 client for that region)."""
     check_docker(runner)
     for registry, region in plan.logins:
         docker_login(registry, region, runner, client_for(region) if client_for else None)
@@ -439,4 +503,4 @@ def run_plan(plan: BuildPlan, runner: Runner = subprocess_runner, client_for: Ca
             fix = ("check that the repository exists (`stoker infra status`) and that your AWS identity may push "
                    "to it") if what == "push" else f"see docker's output above; the context is {plan.context.path}"
             raise BackendError(f"docker {what} failed (exit code {proc.returncode}): {fix}")
-    return plan.image
+    return pushed_digest(plan.image, runner) if plan.push else plan.image

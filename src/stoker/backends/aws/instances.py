@@ -1,13 +1,19 @@
 """EC2 instance types stoker knows: what each has, what it exposes to ECS, and what it costs.
 
 Batch places a job only on an instance whose *ECS-registered* memory covers the request, and that is less than
-the nominal size (the kernel and the ECS agent take their share): a trn1.32xlarge is sold as 512 GiB (524,288
-MiB) but registers about 507,821 MiB, so a job definition asking for 512 GiB stays RUNNABLE forever. Where a
-value was measured it is used; otherwise `ECS_FRACTION` of the nominal memory (the measured trn1.32xlarge ratio,
-rounded down) is a safe estimate.
+the nominal size: the kernel takes its share and the ECS agent reserves more (AWS Batch user guide, "Compute
+resource memory management": an m4.large sold as 8 GiB registers 7,985 MiB). A trn1.32xlarge is sold as 512 GiB
+(524,288 MiB), so a job definition asking for 512 GiB stays RUNNABLE forever. AWS publishes no per-type table of
+registered memory, so the figures here are *estimates*: 507,821 MiB for trn1.32xlarge (an unsourced figure, 96.9%
+of nominal) and `ECS_FRACTION` of the nominal memory for the other types. Measure a type where it matters:
+`aws ecs describe-container-instances --cluster CLUSTER --container-instances ID --query
+'containerInstances[].registeredResources[?name==`MEMORY`].integerValue'` on a running node of the compute
+environment (the ECS cluster's name starts with the compute environment's), or the ECS console's "Total capacity"
+(AWS Batch user guide, "Tutorial: View compute resource memory"); then put the number in `$STOKER_PRICES`.
 
-Prices are on-demand Linux USD per hour in us-east-1 (AWS pricing pages, 2025), for the cost estimate only;
-override or extend them with `$STOKER_PRICES` (a TOML file of `"type" = dollars_per_hour`).
+`$STOKER_PRICES` is a TOML file of overrides: top-level `"type" = dollars_per_hour`, and an optional table
+`[ecs_memory_mib]` of `"type" = MiB` (measured registered memory). Prices are on-demand Linux USD per hour in
+us-east-1 (AWS pricing pages, 2025), for the cost estimate only.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-ECS_FRACTION = 0.968  # 507,821 / 524,288 = 0.9686 measured on trn1.32xlarge, rounded down
+ECS_FRACTION = 0.968  # 507,821 / 524,288 = 0.9686 (the trn1.32xlarge estimate), rounded down
+MEMORY_TABLE = "ecs_memory_mib"  # the table of $STOKER_PRICES with measured registered memory
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,7 @@ class InstanceType:
     neuron_cores: int = 0  # NeuronCores across all chips (what torchrun's nproc_per_node follows)
     efa_interfaces: int = 0  # network cards with an EFA interface (0: no EFA)
     price: float | None = None  # on-demand USD per hour
-    ecs_memory_measured: int | None = None  # MiB registered with ECS, where measured
+    ecs_memory_known: int | None = None  # MiB registered with ECS: an estimate, or $STOKER_PRICES's measurement
 
     @property
     def family(self) -> str:
@@ -47,7 +54,7 @@ class InstanceType:
     @property
     def ecs_memory_mib(self) -> int:
         """The memory a Batch job on this type may ask for, in MiB."""
-        return self.ecs_memory_measured or int(self.memory_gib * 1024 * ECS_FRACTION)
+        return self.ecs_memory_known or int(self.memory_gib * 1024 * ECS_FRACTION)
 
     @property
     def cores_per_device(self) -> int:
@@ -59,7 +66,7 @@ _TYPES = [
     # cores (LNC=2, the Neuron SDK's default), so 64 per trn2.48xlarge.
     InstanceType("trn1.2xlarge", 8, 32, neuron_devices=1, neuron_cores=2, price=1.34375),
     InstanceType("trn1.32xlarge", 128, 512, neuron_devices=16, neuron_cores=32, efa_interfaces=8, price=21.50,
-                 ecs_memory_measured=507_821),
+                 ecs_memory_known=507_821),  # estimate, no published source: measure it (module doc)
     InstanceType("trn1n.32xlarge", 128, 512, neuron_devices=16, neuron_cores=32, efa_interfaces=16, price=24.78),
     InstanceType("trn2.48xlarge", 192, 2048, neuron_devices=16, neuron_cores=64, efa_interfaces=16, price=None),
     # Inferentia2: 2 NeuronCore-v2 per chip
@@ -89,23 +96,48 @@ def instance_type(name: str) -> InstanceType | None:
     t = INSTANCE_TYPES.get(name)
     if t is None:
         return None
+    changes: dict[str, object] = {}
     price = price_overrides().get(name)
-    if price is None:
-        return t
-    return InstanceType(**{**t.__dict__, "price": price})
+    if price is not None:
+        changes["price"] = price
+    memory = memory_overrides().get(name)
+    if memory is not None:
+        changes["ecs_memory_known"] = memory
+    return InstanceType(**{**t.__dict__, **changes}) if changes else t
 
 
 @lru_cache(maxsize=4)
-def _read_prices(path: str) -> dict[str, float]:
+def _read_overrides(path: str) -> tuple[dict[str, float], dict[str, int]]:
+    from ...errors import ConfigError
     from ...flow.parameters import parse_config_text
 
     with open(path, encoding="utf-8") as f:
-        return {str(k): float(v) for k, v in parse_config_text(f.read(), json_format=False).items()}
+        data = parse_config_text(f.read(), json_format=False)
+    memory = data.pop(MEMORY_TABLE, None) or {}
+    try:
+        if not isinstance(memory, dict):
+            raise TypeError(f"{MEMORY_TABLE} is not a table")
+        mem = {str(k): int(v) for k, v in memory.items()}
+        if any(v <= 0 for v in mem.values()):
+            raise ValueError("a memory is not a positive number of MiB")
+        return {str(k): float(v) for k, v in data.items()}, mem
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"$STOKER_PRICES {path}: {e}. Fix: write top-level `\"type\" = dollars_per_hour` "
+                          f"lines and, for memory, a table `[{MEMORY_TABLE}]` of `\"type\" = MiB`") from None
+
+
+def _overrides() -> tuple[dict[str, float], dict[str, int]]:
+    path = os.environ.get("STOKER_PRICES")
+    return _read_overrides(os.path.abspath(os.path.expanduser(path))) if path else ({}, {})
 
 
 def price_overrides() -> dict[str, float]:
-    path = os.environ.get("STOKER_PRICES")
-    return _read_prices(os.path.abspath(os.path.expanduser(path))) if path else {}
+    return _overrides()[0]
+
+
+def memory_overrides() -> dict[str, int]:
+    """Registered ECS memory (MiB) per type, measured by the user: `[ecs_memory_mib]` of `$STOKER_PRICES`."""
+    return _overrides()[1]
 
 
 def price_per_hour(name: str) -> float | None:

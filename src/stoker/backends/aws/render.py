@@ -27,7 +27,17 @@ from .decorator import node_resources
 
 TIMEOUT_MARGIN_S = 300  # the scheduler enforces @timeout; Batch's attempt timeout is the backstop behind it
 GANG_RDZV_TIMEOUT_S = 3600  # how long the nodes of a multi-node job wait for each other
-ENV_PASSED = ("STOKER_S3_ENDPOINT_URL", "STOKER_LOG_UPLOAD_INTERVAL")  # non-secret settings the nodes need too
+# non-secret settings the nodes need too (the run's own switches, STOKER_SMOKE / STOKER_PREFLIGHT*, come in
+# unit.env: runtime.jobs.RUN_ENV)
+ENV_PASSED = ("STOKER_S3_ENDPOINT_URL", "STOKER_LOG_UPLOAD_INTERVAL")
+NOFILE = 1048576
+# host folders mounted into gang and Neuron containers: staged inputs (runtime/stage.py) and the Neuron compile
+# cache (runtime/accel.py); both are keyed by content, so a later job on the instance may reuse them
+NODE_CACHES = ("/var/tmp/stoker-stage", "/var/tmp/neuron-compile-cache")
+# Multi-node jobs run in awsvpc mode, where a container sees eth0 (the job's ENI, the one the nodes reach each
+# other on) and ecs-eth0 (169.254.172.x, the ECS agent's bridge). The Neuron collectives pick an interface
+# unless told; on ecs-eth0 the nodes never meet. AWS's Neuron container recipes all set this.
+NEURON_BATCH_ENV = {"CCOM_SOCKET_IFNAME": "eth0"}
 
 
 def _infra_outputs() -> dict[str, Any]:
@@ -46,8 +56,9 @@ class BatchOptions:
     """How the Batch backend submits (per backend instance; per-step settings come from @batch).
 
     Every default comes from the environment, else from `stoker infra apply`'s outputs:
-    queue ($STOKER_BATCH_QUEUE), image ($STOKER_BATCH_IMAGE), job_role ($STOKER_BATCH_JOB_ROLE, the role the
-    containers run as), execution_role ($STOKER_BATCH_EXECUTION_ROLE), region ($STOKER_AWS_REGION / $AWS_REGION),
+    queue ($STOKER_BATCH_QUEUE), image ($STOKER_BATCH_IMAGE; infra's: the digest `stoker image build --push`
+    recorded), job_role ($STOKER_BATCH_JOB_ROLE, the role the containers run as), execution_role
+    ($STOKER_BATCH_EXECUTION_ROLE), region ($STOKER_AWS_REGION / $AWS_REGION),
     instance_types (what the compute environment launches: requests are checked against them),
     log_group (where Batch's awslogs driver writes, `/aws/batch/job`), python (the image's interpreter),
     poll_interval ($STOKER_BATCH_POLL_INTERVAL, default 5 s: one DescribeJobs call per interval for all jobs),
@@ -131,7 +142,8 @@ def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, A
     if s["gpu"]:
         reqs.append({"type": "GPU", "value": str(s["gpu"])})
     c: dict[str, Any] = {
-        "image": s["image"] or "<image: set @batch(image=...), STOKER_BATCH_IMAGE or run `stoker infra apply`>",
+        "image": s["image"] or ("<image: set @batch(image=...), STOKER_BATCH_IMAGE or run `stoker image build "
+                                "--push`>"),
         "command": [opts.python, "-m", "stoker.runtime.node", "--store", "Ref::store", "--code", "Ref::code",
                     "--spec", "Ref::spec"],
         "resourceRequirements": reqs,
@@ -159,8 +171,13 @@ def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, A
         linux["swappiness"] = 60 if o.get("swappiness") is None else o["swappiness"]
     c["linuxParameters"] = linux
     if neuron or s["efa"] or unit.kind == "gang":
-        c["ulimits"] = [{"name": "memlock", "softLimit": -1, "hardLimit": -1}]
-    vols = o.get("host_volumes") or []
+        # memlock: the Neuron runtime and libfabric pin memory; nofile: collectives open many files per rank
+        # (every AWS training recipe raises `ulimit -n`; Docker's default soft limit is 1024)
+        c["ulimits"] = [{"name": "memlock", "softLimit": -1, "hardLimit": -1},
+                        {"name": "nofile", "softLimit": NOFILE, "hardLimit": NOFILE}]
+    vols = list(o.get("host_volumes") or [])
+    if neuron or unit.kind == "gang":  # node caches that outlive a container: a retry on the same instance
+        vols += [v for v in NODE_CACHES if v not in vols]  # reuses staged data and compiled graphs
     if vols:
         names = [_name(f"host{v}", 255) for v in vols]
         c["volumes"] = [{"name": n, "host": {"sourcePath": v}} for n, v in zip(names, vols, strict=True)]
@@ -200,6 +217,8 @@ def submit_request(unit: Unit, opts: BatchOptions, definition: str) -> dict[str,
         env.update(AWS_REGION=region, AWS_DEFAULT_REGION=region)
     if unit.kind == "gang":  # Batch starts the other nodes after the main one runs, each pulling the image
         env["STOKER_RDZV_TIMEOUT"] = os.environ.get("STOKER_RDZV_TIMEOUT", str(GANG_RDZV_TIMEOUT_S))
+    if s["trainium"] or s["inferentia"]:
+        env.update(NEURON_BATCH_ENV)  # @environment(vars=...) in the step still wins (it is applied later)
     env.update(unit.env)
     if opts.store_key_secret:  # where the nodes read the store's signing key; the key itself never travels
         env["STOKER_STORE_KEY_SECRET"] = opts.store_key_secret

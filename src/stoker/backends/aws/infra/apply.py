@@ -25,7 +25,7 @@ from .compute import JobQueue
 from .config import LOG_GROUP, InfraConfig, from_dict
 from .plan import ORDER, Plan, make_plan, open_context
 from .secret import link_store_key
-from .state import State, default_name
+from .state import State, default_name, pushed_image
 
 
 @dataclass
@@ -43,7 +43,8 @@ def outputs(ctx: Context) -> dict[str, Any]:
     cfg, f, n = ctx.cfg, ctx.facts, ctx.names
     return {"region": f.region, "queue": n["job_queue"], "job_role_arn": f.job_role_arn,
             "execution_role_arn": None,  # Batch on EC2 pulls images and sends logs with the instance role
-            "image": f"{f.ecr_uri}:latest", "ecr_repository_uri": f.ecr_uri, "bucket": cfg.bucket,
+            # the digest `stoker image build --push` recorded, never `:latest`: a tag moves between nodes' pulls
+            "image": pushed_image(ctx.state, f.ecr_uri), "ecr_repository_uri": f.ecr_uri, "bucket": cfg.bucket,
             "store_url": cfg.store_url, "log_group": LOG_GROUP, "instance_types": list(cfg.instance_types),
             "compute_environment": n["compute_environment"],
             "placement_group": n["placement_group"] if cfg.placement_group else None,

@@ -80,14 +80,30 @@ ECS_AGENT_CONFIG = {
 }
 
 
+EFA_INSTALLER_VERSION = "1.41.0"  # the nodes' EFA software; the same as the gpu images' (image.py)
+FI_INFO = "/opt/amazon/efa/bin/fi_info"  # where the EFA installer puts libfabric's tools (not on PATH here)
+BOOTSTRAP_TAG = "stoker-bootstrap"  # syslog tag; the failure line also goes to the console
+
+
 def user_data_script(cfg: InfraConfig) -> str:
     """The node bootstrap: the ECS agent's settings (no instance metadata for awsvpc containers), memlock
-    unlimited for the containers (EFA and Neuron pin memory), and the EFA and Neuron kernel drivers where the AMI
-    lacks them (checked on the node, so a fresh AMI installs nothing)."""
+    unlimited for the containers (EFA and Neuron pin memory), the EFA software (checked with `fi_info -p efa`)
+    and the Neuron driver where the AMI lacks it.
+
+    A node whose EFA or Neuron check fails must not take jobs: `stoker_fail` writes why to the console (`aws ec2
+    get-console-output`) and syslog, masks the ECS agent so the node never registers with the cluster, and powers
+    the node off, so Batch's Auto Scaling group replaces it instead of a gang starting on a broken fabric."""
     lines = [
         "#!/bin/bash",
         f"# stoker infra {cfg.name}: node bootstrap, runs before the ECS agent starts taking jobs",
         "set -uxo pipefail",
+        "stoker_fail() {  # a node that cannot serve jobs: say why where users look, never join ECS, power off",
+        f"  echo \"stoker bootstrap FAILED: $* (the node powers off and Batch replaces it)\" | tee /dev/console "
+        f"| logger -t {BOOTSTRAP_TAG}",
+        "  systemctl mask --now ecs.service",
+        "  shutdown -h now",
+        "  exit 1",
+        "}",
         "# ECS agent: containers of multi-node (awsvpc) jobs get the job role from the agent, never the instance",
         "# role from instance metadata. Appended: Batch's own part of the user data writes ECS_CLUSTER here",
         "mkdir -p /etc/ecs",
@@ -104,13 +120,18 @@ def user_data_script(cfg: InfraConfig) -> str:
         "fi",
     ]
     if cfg.install_drivers and cfg.efa_interfaces:
+        v = EFA_INSTALLER_VERSION
         lines += [
-            "# EFA kernel driver: the containers bring libfabric, the host needs the module",
-            "if ! modinfo efa >/dev/null 2>&1; then",
-            "  cd /tmp && curl -fsSL --retry 5 -o aws-efa-installer.tar.gz "
-            "https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz",
-            "  tar -xf aws-efa-installer.tar.gz && cd aws-efa-installer && ./efa_installer.sh -y --minimal",
+            "# EFA: the EFA installer's full install (driver, rdma-core, libfabric with its efa provider), as the",
+            "# Neuron samples' Batch launch template does. Not a module check: AL2023's kernel has an efa module",
+            "# without that user space. Skipped when libfabric already sees the devices; the installer is idempotent",
+            f"if ! {FI_INFO} -p efa >/dev/null 2>&1; then",
+            f"  (cd /tmp && curl -fsSL --retry 5 -o aws-efa-installer.tar.gz "
+            f"https://efa-installer.amazonaws.com/aws-efa-installer-{v}.tar.gz \\",
+            "    && tar -xf aws-efa-installer.tar.gz && cd aws-efa-installer && ./efa_installer.sh -y)",
             "fi",
+            f"{FI_INFO} -p efa || stoker_fail \"EFA: fi_info -p efa finds no EFA device after the EFA installer "
+            f"{v}; see /var/log/cloud-init-output.log\"",
         ]
     if cfg.install_drivers and cfg.neuron:
         lines += [
@@ -124,8 +145,10 @@ def user_data_script(cfg: InfraConfig) -> str:
             "metadata_expire=0",
             "EOF",
             "  rpm --import https://yum.repos.neuron.amazonaws.com/GPG-PUB-KEY-AMAZON-AWS-NEURON.PUB",
-            "  dnf install -y \"kernel-devel-$(uname -r)\" aws-neuronx-dkms && modprobe neuron",
+            "  dnf install -y \"kernel-devel-$(uname -r)\" aws-neuronx-dkms",
             "fi",
+            "modprobe neuron && ls /dev/neuron0 >/dev/null || stoker_fail \"Neuron: no /dev/neuron0 (driver "
+            "aws-neuronx-dkms); see /var/log/cloud-init-output.log\"",
         ]
     return "\n".join(lines) + "\n"
 

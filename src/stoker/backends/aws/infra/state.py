@@ -3,7 +3,8 @@
     {"version": 1, "name": ..., "region": ..., "config": {...},
      "resources": {"compute_environment": {"kind": ..., "name": ..., "id": ..., "arn": ...,
                                            "created_by_stoker": true}, ...},
-     "outputs": {"region": ..., "queue": ..., ...}}      # after a complete apply; None otherwise
+     "outputs": {"region": ..., "queue": ..., ...},      # after a complete apply; None otherwise
+     "pushed_image": {"ref": "REPO@sha256:...", ...}}    # the last `stoker image build --push` to its repository
 
 `load_outputs()` is what the Batch backend reads for its defaults (queue, image, job role, store).
 """
@@ -88,9 +89,33 @@ class State:
         self.path.unlink(missing_ok=True)
 
 
+def record_image(ref: str, repository: str, name: str | None = None) -> str | None:
+    """Record `ref` (REPOSITORY@sha256:..., just pushed) as the image of infra `name` when `repository` is that
+    infra's ECR repository: the Batch backend's default image from then on. Returns the infra's name, or None
+    when nothing was recorded (no such infra, another repository, or `ref` is not a digest)."""
+    state = State.load(name or default_name())
+    outputs = state.data.get("outputs")
+    if not state.exists or not isinstance(outputs, dict) or "@sha256:" not in ref:
+        return None
+    if outputs.get("ecr_repository_uri") != repository or not ref.startswith(f"{repository}@"):
+        return None
+    state.data["pushed_image"] = {"ref": ref, "repository": repository,
+                                  "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    outputs["image"] = ref
+    state.save()
+    return state.name
+
+
+def pushed_image(state: State, repository: str) -> str | None:
+    """The digest last pushed to `repository` (see record_image), or None."""
+    got = state.data.get("pushed_image") or {}
+    return got.get("ref") if got.get("repository") == repository else None
+
+
 def load_outputs(name: str | None = None) -> dict[str, Any] | None:
     """The outputs of the last complete `stoker infra apply` of `name` (default `$STOKER_INFRA` or "stoker"):
-    region, queue, job_role_arn, execution_role_arn, image, ecr_repository_uri, bucket, store_url, log_group,
+    region, queue, job_role_arn, execution_role_arn, image (the digest `stoker image build --push` recorded, None
+    before a push), ecr_repository_uri, bucket, store_url, log_group,
     instance_types, compute_environment, placement_group, launch_template, store_key_secret_arn (the secret holding
     the store's signing key). None when there is none."""
     path = state_path(name or default_name())

@@ -1,0 +1,170 @@
+"""Is a training plan possible? Checked on the machine that submits, before a node is paid for (torch-free).
+
+A plan is the arithmetic every tensor-parallel Llama trainer depends on: attention heads and KV heads against the
+tensor-parallel degree (and NxD's KV replication), the global batch against data parallelism x micro-batch x
+accumulation, the sequence against the model's positions, and the world against nodes x processes. Each problem is
+one line naming the setting and the fix; `check` raises them together as one ConfigError.
+
+Two readers fill a plan: `nxd_llama_plan` from the command line of NeuronX Distributed's Llama scripts
+(aws-neuron/neuronx-distributed, examples/training/llama/tp_zero1_llama_hf_pretrain.py, with its config.json),
+and `stoker_train_plan` from the pipeline's config (`stoker.train`'s settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stoker.errors import ConfigError
+
+
+@dataclass(kw_only=True)
+class TrainPlan:
+    """The numbers a plan is checked on. `names` maps each field to how the user spells it (for messages)."""
+
+    heads: int
+    kv_heads: int
+    tp: int
+    nodes: int
+    nproc_per_node: int
+    seq_len: int
+    max_positions: int | None = None
+    micro_batch: int = 1
+    global_batch: int | None = None  # None: whatever dp x micro x accum gives
+    grad_accum: int | None = None  # None: derived from the global batch
+    kv_replicator: int = 1  # NxD: each KV head is repeated this many times before it is split over TP
+    replicator_needs_qkv_linear: bool = False  # NxD without --qkv_linear: k/v are not replicated, so it must be 1
+    names: Mapping[str, str] | None = None
+
+    def name(self, field: str) -> str:
+        return (self.names or {}).get(field, field)
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+def problems(p: TrainPlan) -> list[str]:
+    """Every reason the plan cannot run, one line each (empty: it can)."""
+    n = p.name
+    out: list[str] = []
+    if p.tp < 1 or p.nodes < 1 or p.nproc_per_node < 1 or p.micro_batch < 1 or p.kv_replicator < 1:
+        return [f"{n('tp')}, nodes, processes per node, {n('micro_batch')} and {n('kv_replicator')} must be "
+                f"at least 1 (got {p.tp}, {p.nodes}, {p.nproc_per_node}, {p.micro_batch}, {p.kv_replicator})"]
+    if p.world % p.tp:
+        out.append(f"{p.nodes} nodes x {p.nproc_per_node} processes = {p.world} ranks, not a multiple of "
+                   f"{n('tp')}={p.tp}: pick a tensor-parallel degree that divides {p.world}")
+    if p.heads % p.tp:
+        out.append(f"{n('heads')}={p.heads} is not divisible by {n('tp')}={p.tp}: use a {n('tp')} that divides "
+                   f"{p.heads}")
+    if p.kv_replicator > 1 and p.replicator_needs_qkv_linear:
+        out.append(f"{n('kv_replicator')}={p.kv_replicator} without --qkv_linear: the script's k/v projections "
+                   f"are not replicated, so attention views {p.kv_heads} KV heads as {p.kv_heads * p.kv_replicator}: "
+                   f"add --qkv_linear or set {n('kv_replicator')} to 1")
+    elif p.kv_replicator > 1 and p.tp % p.kv_replicator:  # NxD's GQAQKVColumnParallelLinear asserts it
+        out.append(f"{n('tp')}={p.tp} is not a multiple of {n('kv_replicator')}={p.kv_replicator} (NxD's "
+                   f"GQAQKVColumnParallelLinear asserts it): set {n('kv_replicator')} to {_fix_replicator(p)}")
+    # NxD's modeling_llama_nxd (LlamaAttention): heads per rank = divide(num_attention_heads, tp), KV heads per rank
+    # = divide(num_key_value_heads * kv_replicator, tp), num_key_value_groups = their quotient
+    kv = p.kv_heads * p.kv_replicator
+    if kv % p.tp:
+        out.append(f"{n('kv_heads')}={p.kv_heads} x {n('kv_replicator')}={p.kv_replicator} = {kv} KV heads is not "
+                   f"divisible by {n('tp')}={p.tp}: set {n('kv_replicator')} to {_fix_replicator(p)}")
+    elif p.heads % p.tp == 0:
+        q_rank, kv_rank = p.heads // p.tp, kv // p.tp
+        if kv_rank > q_rank or q_rank % kv_rank:
+            out.append(f"{n('kv_heads')}={p.kv_heads} x {n('kv_replicator')}={p.kv_replicator} over {n('tp')}="
+                       f"{p.tp} gives {kv_rank} KV heads per rank for {q_rank} query heads, so "
+                       f"num_key_value_groups = {q_rank // kv_rank} and attention fails on its shapes: set "
+                       f"{n('kv_replicator')} to {_fix_replicator(p)}")
+    if p.max_positions is not None and p.seq_len > p.max_positions:
+        out.append(f"{n('seq_len')}={p.seq_len} is longer than the model's {p.max_positions} positions "
+                   f"({n('max_positions')}): shorten the sequence or raise {n('max_positions')}")
+    if p.world % p.tp == 0:
+        dp = p.world // p.tp
+        if p.global_batch is not None:
+            per_step = dp * p.micro_batch
+            if p.global_batch % per_step:
+                out.append(f"{n('global_batch')}={p.global_batch} is not a multiple of data parallel {dp} x "
+                           f"{n('micro_batch')}={p.micro_batch} = {per_step}: use a multiple of {per_step} "
+                           f"(e.g. {max(per_step, p.global_batch // per_step * per_step)})")
+            elif p.grad_accum is not None and p.grad_accum * per_step != p.global_batch:
+                out.append(f"{n('grad_accum')}={p.grad_accum} x {per_step} sequences per step = "
+                           f"{p.grad_accum * per_step}, not {n('global_batch')}={p.global_batch}: set "
+                           f"{n('grad_accum')}={p.global_batch // per_step}")
+    return out
+
+
+def _fix_replicator(p: TrainPlan) -> str:
+    """The KV replications that work at this TP (NxD's rule: (kv x r) % tp == 0 and query heads per rank a
+    multiple of KV heads per rank), smallest first."""
+    ok = [r for r in range(1, p.tp + 1) if (p.kv_heads * r) % p.tp == 0 and p.heads % p.tp == 0
+          and (p.heads // p.tp) % max(1, p.kv_heads * r // p.tp) == 0 and p.kv_heads * r // p.tp >= 1]
+    return " or ".join(str(r) for r in ok[:3]) if ok else "a value that works (none does at this TP)"
+
+
+def check(p: TrainPlan, where: str) -> None:
+    """Raise one ConfigError listing every problem of the plan, each on its own line."""
+    found = problems(p)
+    if found:
+        raise ConfigError(f"{where}: this training cannot run as configured:\n  - " + "\n  - ".join(found))
+
+
+# --- NeuronX Distributed's Llama scripts --------------------------------------------------------------------
+NXD_NAMES = {"heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "tp": "--tensor_parallel_size",
+             "kv_replicator": "--kv_replicator", "seq_len": "--seq_len",
+             "micro_batch": "--batch_size", "grad_accum": "--grad_accum_usteps", "global_batch": "global batch"}
+
+
+def _flag(args: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    for key in (name, f"--{name}"):
+        if key in args and args[key] is not None:
+            return args[key]
+    return default
+
+
+def nxd_llama_plan(args: Mapping[str, Any], model_config: Mapping[str, Any] | str | os.PathLike, *, nodes: int,
+                   nproc_per_node: int, global_batch: int | None = None) -> TrainPlan:
+    """The plan of NxD's tp_zero1_llama_hf_pretrain.py run with `args` (its flags as a dict, without `--`) and
+    `model_config` (its config.json, or the path of it)."""
+    if not isinstance(model_config, Mapping):
+        try:
+            with open(model_config) as f:
+                model_config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"the model config {model_config} cannot be read ({e}): copy config.json from NxD's "
+                              f"examples/training/llama (tp_zero1_llama_hf_pretrain/7B_config_llama2/) next to "
+                              f"the flow") from None
+    heads = int(model_config["num_attention_heads"])
+    return TrainPlan(
+        heads=heads, kv_heads=int(model_config.get("num_key_value_heads") or heads),
+        tp=int(_flag(args, "tensor_parallel_size", 8)), nodes=nodes, nproc_per_node=nproc_per_node,
+        # no max_positions: the script raises config.max_position_embeddings to --seq_len itself (its 7B config
+        # says 2048 and the 7B script trains at 4096)
+        seq_len=int(_flag(args, "seq_len", 2048)),
+        micro_batch=int(_flag(args, "batch_size", 8)), grad_accum=int(_flag(args, "grad_accum_usteps", 64)),
+        global_batch=global_batch, kv_replicator=int(_flag(args, "kv_replicator", 1)),
+        replicator_needs_qkv_linear=not _flag(args, "qkv_linear"), names=NXD_NAMES)
+
+
+# --- stoker.train ----------------------------------------------------------------------------------------------
+STOKER_NAMES = {"heads": "model.n_heads", "kv_heads": "model.n_kv_heads", "tp": "parallel.tp",
+                "seq_len": "data.block_size - 1", "max_positions": "model.max_seq_len",
+                "micro_batch": "train.micro_batch_size", "global_batch": "train.global_batch_size",
+                "kv_replicator": "kv replication"}
+
+
+def stoker_train_plan(cfg: Mapping[str, Any], shape: Mapping[str, Any]) -> TrainPlan:
+    """The plan of the pipeline config `cfg` ([data], [cluster], [train], [parallel]) for a model of `shape`
+    (n_heads, n_kv_heads, max_seq_len)."""
+    train, par, cluster, data = (cfg.get(k) or {} for k in ("train", "parallel", "cluster", "data"))
+    gbs = int(train.get("global_batch_size") or 0)
+    return TrainPlan(heads=int(shape["n_heads"]), kv_heads=int(shape.get("n_kv_heads") or shape["n_heads"]),
+                     tp=int(par.get("tp") or 1), nodes=int(cluster.get("nodes") or 1),
+                     nproc_per_node=int(cluster.get("nproc_per_node") or 1),
+                     seq_len=int(data.get("block_size") or 2) - 1, max_positions=int(shape["max_seq_len"]),
+                     micro_batch=int(train.get("micro_batch_size") or 1), global_batch=gbs or None,
+                     names=STOKER_NAMES)

@@ -1,0 +1,19 @@
+# stoker image, kind cpu: rendered by `stoker image`, do not edit (re-render instead).
+# No CMD: AWS Batch passes the node command. No secrets: nothing here is one.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+
+RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+
+# stoker; the base image's torch (and Neuron) builds stay: pip may add packages, not replace those
+COPY stoker-0.1.0-py3-none-any.whl /tmp/stoker/
+RUN mkdir -p /tmp/stoker && python -m pip freeze | grep -iE '^(torch|torch-neuronx|torch-xla|torchvision|neuronx-cc|libneuronxla|neuronx-distributed|numpy)==' > /tmp/stoker/keep.txt; \
+    python -m pip install --no-cache-dir --constraint /tmp/stoker/keep.txt "/tmp/stoker/stoker-0.1.0-py3-none-any.whl[train,data,aws]" \
+ && rm -rf /tmp/stoker \
+ && python -c "import stoker, torch; print('stoker', stoker.__version__, 'torch', torch.__version__)"
+
+RUN useradd --create-home --uid 10001 --shell /bin/bash stoker \
+ && mkdir -p /workspace && chown stoker:stoker /workspace
+USER stoker
+WORKDIR /workspace

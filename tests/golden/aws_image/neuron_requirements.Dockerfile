@@ -1,0 +1,19 @@
+# stoker image, kind neuron: rendered by `stoker image`, do not edit (re-render instead).
+# No CMD: AWS Batch passes the node command. No secrets: nothing here is one.
+FROM public.ecr.aws/neuron/pytorch-training-neuronx:2.9.0-neuronx-py312-sdk2.29.1-ubuntu24.04
+
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# The DLC has torch-neuronx, the Neuron compiler, runtime and tools, and the EFA libraries.
+RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
+
+# stoker; the base image's torch (and Neuron) builds stay: pip may add packages, not replace those
+# stoker's dependencies: the versions pins.txt lists (resolved where the image was built)
+# then the training script's requirements.txt: its pins win over stoker's, not over the base's
+COPY stoker-0.1.0-py3-none-any.whl pins.txt requirements.txt /tmp/stoker/
+RUN mkdir -p /tmp/stoker && python -m pip freeze | grep -iE '^(torch|torch-neuronx|torch-xla|torchvision|neuronx-cc|libneuronxla|neuronx-distributed|numpy)==' > /tmp/stoker/keep.txt; \
+    python -m pip install --no-cache-dir --constraint /tmp/stoker/keep.txt --constraint /tmp/stoker/pins.txt "/tmp/stoker/stoker-0.1.0-py3-none-any.whl[train,data,aws]" \
+ && python -m pip install --no-cache-dir --constraint /tmp/stoker/keep.txt --requirement /tmp/stoker/requirements.txt \
+ && rm -rf /tmp/stoker \
+ && python -c "import stoker, torch; print('stoker', stoker.__version__, 'torch', torch.__version__)"
+
+WORKDIR /workspace

@@ -1,0 +1,47 @@
+"""The gang preflight on a real local gang (2 nodes x 2 processes, gloo): a node that fails a check stops the
+run in seconds, named, and @retry(times=2) does not run it again; `--no-preflight` skips it."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.helpers import run_flow
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+
+def test_every_node_checks_itself_before_the_command(tmp_path):
+    p = run_flow("preflight_flow.py", "run", cwd=tmp_path)
+    lines = [ln for ln in p.stdout.splitlines() if "preflight: node" in ln]
+    assert len(lines) == 2, p.stdout
+    for node in (0, 1):
+        line = next(ln for ln in lines if f"preflight: node {node} (" in ln)
+        assert re.search(r"ok in [0-9.]+ s: no accelerator asked, imports ok, data ok \(1 paths\), disk \d+ GB free, "
+                         r"all_reduce [0-9.]+ GB/s ≥ 0 \(gloo\)", line), line
+    assert "attempts [0]" in p.stdout
+
+
+def test_a_node_missing_its_staged_data_stops_the_run_without_a_retry(tmp_path):
+    t0 = time.time()
+    p = run_flow("preflight_flow.py", "run", "--unstaged_node", "1", cwd=tmp_path, check=False)
+    took = time.time() - t0
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and took < 30, (took, out[-3000:])
+    assert "preflight failed on node 1 (" in out and "check staged data" in out and "staged is missing" in out
+    assert "failed after 1 attempt(s): PreflightError" in out and "not retried" in out
+    assert "node 1 attempt 1" not in out and "retry 1 of 2" not in out
+
+
+def test_an_all_reduce_below_the_floor_fails_and_no_preflight_skips_it(tmp_path):
+    env = {"STOKER_PREFLIGHT_MIN_BUSBW_GBPS": "1e9"}
+    p = run_flow("preflight_flow.py", "run", cwd=tmp_path, env=env, check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-3000:]
+    assert re.search(r"preflight failed on node \d \(.*\), check all_reduce: all_reduce bus bandwidth [0-9.]+ GB/s "
+                     r"\(gloo, 4 ranks\) is below the required 1e\+09 GB/s", out), out[-3000:]
+    assert "attempt 1" not in out
+    p = run_flow("preflight_flow.py", "run", "--no-preflight", cwd=tmp_path, env=env)
+    assert "preflight:" not in p.stdout and "attempts [0]" in p.stdout

@@ -1,0 +1,90 @@
+"""Staging store URLs to a node's disk (stoker.runtime.stage) against moto's S3 server on loopback: verified by
+the prefix's manifest, cached across attempts, refused when damaged or empty, and handed to torchrun's command."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from stoker.errors import ConfigError, DataError
+from stoker.runtime.stage import DONE, stage
+from stoker.runtime.torchrun import TorchrunHelper, _flag_values
+
+pytestmark = pytest.mark.aws
+
+
+def _put_dataset(s3, bucket: str, prefix: str, files: dict[str, bytes], manifest: bool = True) -> None:
+    for name, data in files.items():
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
+    if manifest:
+        doc = {"files": [{"path": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+                         for n, d in files.items()]}
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json", Body=json.dumps(doc).encode())
+
+
+FILES = {"data-00000-of-00002.arrow": b"a" * 70_000, "data-00001-of-00002.arrow": b"b" * 1234,
+         "dataset_info.json": b"{}", "state.json": b'{"_data_files": []}'}
+
+
+@pytest.fixture
+def s3(aws):
+    client = aws.client("s3")
+    client.create_bucket(Bucket="data")
+    return client
+
+
+def test_stages_verifies_and_caches(s3, tmp_path):
+    _put_dataset(s3, "data", "datasets/wiki", FILES)
+    first = stage("s3://data/datasets/wiki/", root=tmp_path)
+    assert not first.cached and first.verified and first.files == len(FILES) + 1
+    for name, data in FILES.items():
+        assert (tmp_path / first.path / name).read_bytes() == data
+    assert "verified (sha256)" in first.summary() and "MB in" in first.summary()
+    again = stage("s3://data/datasets/wiki", root=tmp_path)  # a retry on the same node: nothing downloaded
+    assert again.cached and again.path == first.path and "cached on this node" in again.summary()
+    # a changed object is a new copy, never the stale one
+    s3.put_object(Bucket="data", Key="datasets/wiki/state.json", Body=b'{"changed": 1}')
+    _put_dataset(s3, "data", "datasets/wiki", {**FILES, "state.json": b'{"changed": 1}'})
+    changed = stage("s3://data/datasets/wiki", root=tmp_path)
+    assert not changed.cached and changed.path != first.path
+
+
+def test_a_damaged_file_is_refused_and_nothing_is_left(s3, tmp_path):
+    _put_dataset(s3, "data", "d", FILES)
+    s3.put_object(Bucket="data", Key="d/data-00001-of-00002.arrow", Body=b"c" * 1234)  # same size, other bytes
+    with pytest.raises(DataError, match="data-00001-of-00002.arrow is corrupted"):
+        stage("s3://data/d", root=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == []  # no half-staged folder to be mistaken for a copy
+
+
+def test_without_a_manifest_sizes_only_and_said(s3, tmp_path):
+    _put_dataset(s3, "data", "raw", FILES, manifest=False)
+    got = stage("s3://data/raw", root=tmp_path)
+    assert not got.verified and "NOT verified" in got.summary()
+    assert (tmp_path / got.path / DONE).is_file()
+
+
+def test_empty_prefix_and_missing_local_path(s3, tmp_path):
+    with pytest.raises(DataError, match="holds no objects"):
+        stage("s3://data/nothing-here", root=tmp_path)
+    with pytest.raises(ConfigError, match="does not exist on this node"):
+        stage(str(tmp_path / "missing"), root=tmp_path)
+    local = tmp_path / "here"
+    local.mkdir()
+    assert stage(str(local)).path == str(local)
+
+
+def test_torchrun_command_gets_the_local_path(s3, tmp_path, monkeypatch):
+    _put_dataset(s3, "data", "ds", FILES)
+    monkeypatch.setenv("STOKER_STAGE_DIR", str(tmp_path / "cache"))
+    helper = TorchrunHelper(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500, nproc_per_node=1)
+    args = helper._stage_args({"data_dir": "s3://data/ds", "seq_len": 4096}, ["data_dir"])
+    flags = _flag_values(args)
+    assert flags["--data_dir"].startswith(str(tmp_path / "cache")) and flags["--seq_len"] == "4096"
+    assert helper.staged and helper.staged[0].url == "s3://data/ds"
+    as_list = helper._stage_args(["--data_dir=s3://data/ds", "--lr", "3e-4"], {"data_dir": "s3://data/ds"})
+    assert _flag_values(as_list)["--data_dir"] == flags["--data_dir"] and "--lr" in as_list
+    with pytest.raises(ConfigError, match="has no --data_path to stage"):
+        helper._stage_args({"data_dir": "s3://data/ds"}, ["data_path"])
