@@ -117,3 +117,46 @@ def test_a_bad_node_stops_the_run_in_preflight_without_retry(aws, example, tmp_p
     assert len(_jobs(aws, tmp_path)) == 1, "a failed preflight is not retried (@retry(times=2) notwithstanding)"
     if "missing_device" in fault.get("BATCH_EMULATOR_FAULTS", ""):
         assert "check accelerators: the step asks for 16 Neuron devices but" in out
+
+
+TOO_MANY = '''
+from stoker import FlowSpec, batch, current, step, torchrun
+
+
+class TooMany(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.train, num_parallel=2)
+
+    @batch(trainium=16, efa=8, instance_type="trn1.32xlarge")
+    @torchrun(nproc_per_node=64)
+    @step
+    def train(self):
+        current.torch.run(entrypoint="stoker.train.collectives")
+        self.next(self.join)
+
+    @step
+    def join(self, inputs):
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+
+if __name__ == "__main__":
+    TooMany()
+'''
+
+
+def test_more_processes_than_neuroncores_is_refused_before_submitting(aws, tmp_path):
+    from tests.batch_emulator import emulated_batch_env
+
+    env = emulated_batch_env(aws, tmp_path)
+    flow = tmp_path / "too_many.py"
+    flow.write_text(TOO_MANY)
+    p = run_flow(flow, "run", cwd=tmp_path, env=env, timeout=120, check=False)
+    assert p.returncode != 0
+    assert "@torchrun(nproc_per_node=64) on step train: 64 processes per node, but 16 trainium devices of a " \
+           "trn1.32xlarge have 32 NeuronCores" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert not (tmp_path / "emulator" / "jobs").exists()

@@ -203,6 +203,23 @@ def wants_neuron(request: Mapping[str, Any], dev_dir: str = DEV_DIR) -> bool:
     return asked or neuron_device_count(dev_dir) > 0
 
 
+def nproc_problem(n: int, request: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str | None:
+    """Why `n` processes per node cannot run on what the step asks for (`step_request(...)`), or None: one process
+    per GPU, one per NeuronCore (devices x NeuronCores per device of the instance type, when it is known)."""
+    if req_gpu := int(float(request.get("gpu") or 0)):
+        if n > req_gpu:
+            return (f"{n} processes per node, but the step asks for {req_gpu} GPUs a node (one process per GPU): "
+                    f"set nproc_per_node to at most {req_gpu}, or ask for more GPUs")
+    for kind in ("trainium", "inferentia"):
+        devices = int(float(request.get(kind) or 0))
+        per = cores_per_device(request.get("instance_type"), env)
+        if devices and per and n > devices * per:
+            return (f"{n} processes per node, but {devices} {kind} devices of a {request['instance_type']} have "
+                    f"{devices * per} NeuronCores (one process per core): set nproc_per_node to at most "
+                    f"{devices * per}")
+    return None
+
+
 def nproc_for(resources: Mapping[str, Any] | None, options: Mapping[str, Any] | None,
               detected: Callable[[], Accelerators], env: Mapping[str, str] | None = None,
               backend: str = "batch") -> tuple[int, str]:

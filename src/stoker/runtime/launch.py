@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, StokerError
-from ..flow.decorators import apply_with
+from ..flow.decorators import apply_with, get_decorator
 from ..flow.graph import FlowGraph
 from ..flow.lint import lint
 from ..flow.parameters import _MISSING, Config, ParameterContext
@@ -26,6 +26,7 @@ from ..store.manifest import list_manifests, read_manifest_object, read_run_reco
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, default_store_url, home_dir
 from ..store.signing import finite_json, store_key
+from .accel import nproc_problem, step_request
 from .executor import Backend, JobRef, Unit
 from .failures import FIX_AND_RERUN
 from .flowhooks import bind_default_configs, bind_run
@@ -117,6 +118,12 @@ def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
 def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, Unit]]) -> None:
     """Fail before anything starts when a step asks for what its backend cannot give."""
     for backend, unit in planned:
+        tr = get_decorator(getattr(flow_cls, unit.step), "torchrun")
+        if tr is not None and tr.attributes.get("nproc_per_node"):
+            n = int(tr.attributes["nproc_per_node"])
+            if problem := nproc_problem(n, step_request(unit.resources, unit.options)):
+                raise ConfigError(f"{graph[unit.step].where()}: @torchrun(nproc_per_node={n}) on step "
+                                  f"{unit.step}: {problem}")
         if backend.remote:
             backend.check(unit)
             continue

@@ -31,7 +31,7 @@ from ..flow.decorators import get_decorator
 from ..redact import redact_command
 from . import neuron_cache
 from . import smoke as smoke_mode
-from .accel import Accelerators, detect, node_env, nproc_for, step_request, wants_neuron
+from .accel import Accelerators, detect, node_env, nproc_for, nproc_problem, step_request, wants_neuron
 from .failures import kill_grace
 
 
@@ -265,6 +265,8 @@ class TorchrunHelper:
             raise ConfigError(f"precompile={pre!r}: use True, or a dict of the flags to change for the "
                               f"pre-compilation pass, e.g. precompile={{'steps_this_run': 2}}")
         n, source = (nproc_per_node, "given to current.torch.run") if nproc_per_node else self.resolved_nproc()
+        if problem := nproc_problem(n, self.request):
+            raise ConfigError(f"torchrun: {problem} ({source})")
         neuron = self.uses_neuron()
         base = {**os.environ, **(env or {})}
         added = node_env(self.request, base, neuron_devices=1 if neuron else 0)

@@ -255,3 +255,13 @@ def test_precompile_without_neuron_parallel_compile_names_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="precompile=3"):
         h.run("train.py", precompile=3)
     assert os.environ.get("FI_PROVIDER") != "efa"  # nothing leaked into this process
+
+
+def test_more_processes_than_cores_or_gpus_is_refused():
+    from stoker.runtime.accel import nproc_problem
+
+    trn = {"trainium": 16, "instance_type": "trn1.32xlarge"}
+    assert nproc_problem(32, trn) is None
+    assert "16 trainium devices of a trn1.32xlarge have 32 NeuronCores" in nproc_problem(64, trn)
+    assert "asks for 8 GPUs a node" in nproc_problem(16, {"gpu": 8})
+    assert nproc_problem(64, {"trainium": 16}) is None  # cores per device unknown here: the node decides

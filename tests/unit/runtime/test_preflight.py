@@ -282,7 +282,6 @@ def test_collectives_backend_choice():
 
 def test_run_no_preflight_is_a_run_and_resume_option():
     from stoker import FlowSpec, step
-    from stoker.backends.aws.render import ENV_PASSED
     from stoker.cli.flow_cli import build_parser
 
     class Tiny(FlowSpec):
@@ -298,4 +297,10 @@ def test_run_no_preflight_is_a_run_and_resume_option():
     assert parser.parse_args(["run", "--no-preflight"]).no_preflight
     assert not parser.parse_args(["run"]).no_preflight
     assert parser.parse_args(["resume", "--no-preflight"]).no_preflight
-    assert "STOKER_PREFLIGHT" in ENV_PASSED, "Batch nodes get the switch in their environment"
+    from stoker.runtime.jobs import run_env
+
+    os.environ["STOKER_PREFLIGHT"] = "0"
+    try:  # every unit carries the run's switches in its environment (a Batch node's SubmitJob overrides)
+        assert run_env()["STOKER_PREFLIGHT"] == "0"
+    finally:
+        del os.environ["STOKER_PREFLIGHT"]
