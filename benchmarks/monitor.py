@@ -54,7 +54,7 @@ def cpu_over(seconds: float) -> float:
 
 def run_stoker(seconds: float, interval: float, folder: Path) -> tuple[float, int, int, int]:
     from stoker.monitor.monitor import Monitor
-    from stoker.store import LocalBlobStore
+    from stoker.store.blobs import LocalBlobStore
     from stoker.store.series import read_series, series_prefix
 
     store = LocalBlobStore(folder / "store")

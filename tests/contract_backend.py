@@ -17,7 +17,7 @@ import subprocess
 import time
 
 from stoker.runtime.executor import EXITED, QUEUED, RUNNING, Backend, JobRef, JobStatus, Request, Unit
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 from stoker.store.manifest import log_name
 
 

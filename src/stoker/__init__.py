@@ -11,10 +11,7 @@ from typing import Any
 from . import monitor as _monitor_package  # noqa: F401  (loaded first, so that `stoker.monitor` stays the decorator)
 from .backends.aws.decorator import batch  # noqa: E402  (registers @batch for --with batch:...)
 from .backends.slurm.decorator import slurm  # noqa: E402  (registers @slurm for --with slurm:...)
-from .flow import spec as _spec
-from .flow.configs import config_expr
-from .flow.current import current
-from .flow.decorators import (
+from .features import (  # one module per decorator (registers each for --with)
     card,
     catch,
     environment,
@@ -27,9 +24,12 @@ from .flow.decorators import (
     timeout,
     torchrun,
 )
+from .features.project import project
+from .features.secrets import get_secret, secrets
+from .flow import spec as _spec
+from .flow.configs import config_expr
+from .flow.current import current
 from .flow.parameters import Config, IncludeFile, JSONType, Parameter
-from .flow.project import project
-from .flow.secrets import get_secret, secrets
 from .flow.spec import FlowSpec, MergeArtifactsError
 
 __version__ = "0.1.0"
@@ -55,10 +55,9 @@ def __getattr__(name: str) -> Any:
         return getattr(runner, name)
     # The client is loaded on first use so that `import stoker` in a task stays light.
     if name in _CLIENT:
-        from . import store
-        from .store import client_base  # metadata(): stoker.store.metadata is the index's module
+        from . import client
 
-        return getattr(client_base if name.endswith("metadata") else store, name)
+        return getattr(client, name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 

@@ -18,7 +18,7 @@ class UiFlow(FlowSpec):
 
     @step
     def train(self):
-        from stoker.store.blob import open_store
+        from stoker.store.blobs import open_store
         from stoker.store.series import SeriesWriter, series_prefix
 
         prefix = series_prefix("metrics", current.flow_name, current.run_id, current.step_name, current.task_id,

@@ -18,8 +18,8 @@ from test_aws_infra import SECRET, Loopback, config  # pytest puts this folder o
 
 from stoker.backends.aws.infra import apply, check_least_privilege, destroy
 from stoker.errors import StoreError
-from stoker.store import read_run_record, write_run_record
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
+from stoker.store.manifest import read_run_record, write_run_record
 from stoker.store.signing import key_path, secret_pointer, store_key
 
 pytestmark = pytest.mark.aws
@@ -41,8 +41,8 @@ def _node(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("STOKER_STORE_KEY", "STOKER_STORE_KEY_SECRET")}
     (tmp_path / "node-keys").mkdir(exist_ok=True)
     base.update(STOKER_KEY_DIR=str(tmp_path / "node-keys"), PYTHONPATH=SRC, **env)
-    return subprocess.run([sys.executable, "-c", "from stoker.store import read_run_record, write_run_record\n"
-                           f"from stoker.store.blob import open_store\nstore = open_store({URL!r})\n{code}"],
+    return subprocess.run([sys.executable, "-c", "from stoker.store.manifest import read_run_record, write_run_record\n"
+                           f"from stoker.store.blobs import open_store\nstore = open_store({URL!r})\n{code}"],
                           env=base, capture_output=True, text=True, timeout=120)
 
 

@@ -27,7 +27,7 @@ def batch_env(aws, tmp_path):
 
 def _store(env):
     os.environ["STOKER_HOME"] = env["STOKER_HOME"]
-    from stoker.store.blob import open_store
+    from stoker.store.blobs import open_store
 
     return open_store(env["STOKER_STORE"])
 

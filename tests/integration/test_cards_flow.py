@@ -46,7 +46,7 @@ class CardFlow(FlowSpec):
     @card
     @step
     def start(self):
-        from stoker.store.blob import open_store                     # what the trainer's rank 0 does
+        from stoker.store.blobs import open_store                     # what the trainer's rank 0 does
         from stoker.store.series import SeriesWriter, series_prefix
 
         bar = ProgressBar(max=self.steps, label="training steps")
@@ -320,7 +320,7 @@ def test_monitor_card_of_recorded_gpu_and_neuron_samples(tmp_path):
     """No GPU or Neuron device here: samples in the documented series format are written to a real local store
     with SeriesWriter (two gang nodes), and the monitor card is built from the store."""
     from stoker.cards.monitor_card import write_monitor_card
-    from stoker.store.blob import open_store
+    from stoker.store.blobs import open_store
     from stoker.store.series import SeriesWriter, series_prefix
 
     store = open_store(str(tmp_path / "store"))

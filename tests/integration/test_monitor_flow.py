@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stoker import Flow
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 from stoker.store.series import read_series, series_prefix
 from tests.helpers import ROOT, run_flow
 

@@ -225,7 +225,7 @@ def test_train_on_emulated_aws_batch_is_bitwise_the_local_run(reference, aws, tm
 
     run = Flow("LlamaPretrain").latest_run
     assert run.successful, p.stdout[-3000:]
-    store = __import__("stoker.store.blob", fromlist=["open_store"]).open_store(env["STOKER_STORE"])
+    store = __import__("stoker.store.blobs", fromlist=["open_store"]).open_store(env["STOKER_STORE"])
     jobs = [json.loads(store.read(n)) for n in store.list(f"runs/LlamaPretrain/{run.id}/jobs/") if n.endswith(".json")]
     assert [(j["backend"], j["step"], j["members"]) for j in jobs] == [("batch", "train", 2)]
     result = run["join"].task.data.result
@@ -264,7 +264,7 @@ def test_a_rank_killed_on_an_emulated_batch_node_resubmits_the_gang_and_resumes_
     os.environ.update(STOKER_HOME=env["STOKER_HOME"], STOKER_STORE=env["STOKER_STORE"])
     try:
         from stoker import Flow
-        from stoker.store.blob import open_store
+        from stoker.store.blobs import open_store
 
         run = Flow("LlamaPretrain").latest_run
         store = open_store(env["STOKER_STORE"])

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from stoker import Flow
-from stoker.store.namespaces import NotFound
+from stoker.client.namespaces import NotFound
 from tests.helpers import EXAMPLES, FLOWS, run_flow
 
 PARSER_FLOW = '''

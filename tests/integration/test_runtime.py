@@ -164,7 +164,7 @@ def test_namespaces_follow_the_user(tmp_path):
         namespace(None)
         assert Flow("HelloFlow").latest_run is not None
     finally:
-        from stoker.store.namespaces import default_namespace
+        from stoker.client.namespaces import default_namespace
 
         namespace(default_namespace())
 

@@ -23,7 +23,7 @@ import pytest
 from stoker.errors import StokerError
 from stoker.runtime import neuron_cache as nc
 from stoker.runtime.torchrun import TorchrunHelper
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 from tests.helpers import run_flow
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

@@ -58,7 +58,7 @@ def ui_server(_stoker_home):
     """`stoker ui`'s app served by uvicorn on a free loopback port, in a thread of this process."""
     import uvicorn
 
-    from stoker.store.blob import open_store
+    from stoker.store.blobs import open_store
     from stoker.store.metadata import MetadataDB
     from stoker.store.paths import default_db_path
     from stoker.ui.app import create_app

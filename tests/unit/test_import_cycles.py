@@ -82,7 +82,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def package_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """Without the edges from a package's ``__init__`` to its own modules: re-exporting is not a circle
-    (``stoker.store`` importing ``stoker.store.blob`` while blob imports ``stoker.store.paths``)."""
+    (``stoker.store`` importing ``stoker.store.blobs`` while blob imports ``stoker.store.paths``)."""
     return {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
 
 
@@ -98,3 +98,27 @@ def test_no_import_circles():
 def test_the_scan_finds_a_circle(tmp_path):
     graph = {"stoker.a": {"stoker.b"}, "stoker.b": {"stoker.c"}, "stoker.c": {"stoker.a"}, "stoker.d": {"stoker.a"}}
     assert find_cycles(graph) == [["stoker.a", "stoker.b", "stoker.c"]]
+
+
+# what each layer must never import (DESIGN.md, "Layers": imports point one way, down)
+FORBIDDEN = {
+    "stoker.store": ("stoker.client", "stoker.runtime", "stoker.cli", "stoker.ui", "stoker.backends",
+                     "stoker.flow", "stoker.features", "stoker.train", "stoker.data", "stoker.monitor"),
+    "stoker.store.objects": ("stoker.store.blobs", "stoker.store.artifacts", "stoker.store.manifest",
+                             "stoker.store.metadata", "stoker.store.signing"),
+    "stoker.client": ("stoker.runtime", "stoker.cli", "stoker.ui", "stoker.backends", "stoker.flow",
+                      "stoker.features"),
+}
+
+
+def test_the_store_and_the_client_import_only_downwards():
+    files = sorted((SRC / "stoker").rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    wrong = []
+    for f in files:
+        me = module_name(f)
+        for layer, banned in FORBIDDEN.items():
+            if me == layer or me.startswith(layer + "."):
+                wrong += [f"{me} -> {dep}" for dep in sorted(imports(f, modules))
+                          if any(dep == b or dep.startswith(b + ".") for b in banned)]
+    assert not wrong, "imports against the layering: " + "; ".join(wrong)

@@ -64,7 +64,7 @@ class Card:
 
 def get_cards(task: Any, id: str | None = None, type: str | None = None, store: Any = None) -> list[Card]:
     """The cards of a task (a pathspec `Flow/run/step/task` or a client Task), read from the store."""
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
     from .store import list_cards
 
     pathspec = task if isinstance(task, str) else task.pathspec

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
 from ..store.series import read_series, series_prefix
 from .render import render_card_html
 from .store import cards_prefix, write_card

@@ -11,7 +11,7 @@ import datetime as dt
 import html
 from typing import Any
 
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
 from .default_card import human_duration
 from .monitor_card import latest_monitor_attempt, monitor_components, read_monitor_samples
 from .render import card_body_html, component_html, page
@@ -87,7 +87,7 @@ def metrics_charts(records: list[dict[str, Any]], where: str) -> list[str]:
 
 def build_report(run_pathspec: str, step_name: str | None = None, store: BlobStore | None = None) -> str:
     """The report's HTML for FLOW/RUN (only STEP's details when given)."""
-    from ..store import Run
+    from ..client import Run
 
     run = Run(run_pathspec, store=store)
     store = run._store

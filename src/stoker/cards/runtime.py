@@ -8,8 +8,8 @@
             bar.update(i); current.card.refresh()     # written now, or at most every refresh_interval s
 
 `start_task_cards(func, spec, store)` runs before the step (sets `current.card`); `TaskCards.finish(...)` runs after
-it, on success and on failure, and writes the final cards (the "default" card with the task's artifacts, and the
-"monitor" card of @monitor / @neuron_monitor). Writing a card never fails the step: errors are logged.
+it, on success and on failure, and writes the final cards (the "default" card with the task's artifacts). Writing
+a card never fails the step: errors are logged. stoker.features.card calls both in every task.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
 from .components import render_component
 from .render import render_card_html
 from .store import cards_prefix, check_card_id, write_card
@@ -238,18 +238,6 @@ class TaskCards:
                 c.finish(self._extra)
             except Exception as e:  # noqa: BLE001
                 log.warning("@card %s: the final card failed (%s: %s)", c.id, type(e).__name__, e)
-        if _has_monitor(self.func):
-            try:
-                from .monitor_card import write_monitor_card
-
-                s = self.spec
-                write_monitor_card(self.store, s.flow, s.run_id, s.step, s.task_id, s.attempt, final=True)
-            except Exception as e:  # noqa: BLE001
-                log.warning("@monitor: the monitor card failed (%s: %s)", type(e).__name__, e)
-
-
-def _has_monitor(func: Any) -> bool:
-    return any(getattr(d, "name", "") in ("monitor", "neuron_monitor") for d in getattr(func, "decorators", []))
 
 
 def start_task_cards(func: Any, spec: Any, store: BlobStore) -> TaskCards:

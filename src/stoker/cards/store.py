@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StoreError
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
 from ..store.manifest import run_prefix
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")

@@ -39,7 +39,7 @@ def _task_of(store, pathspec: str) -> tuple[str, str, str, str]:
 
 def cmd_card_view(args: argparse.Namespace) -> int:
     from ..cards.store import list_cards
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
 
     store = open_store()
     flow, run_id, step, task_id = _task_of(store, args.pathspec)
@@ -73,7 +73,7 @@ def cmd_card_view(args: argparse.Namespace) -> int:
 
 def cmd_card_list(args: argparse.Namespace) -> int:
     from ..cards.store import list_cards
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
 
     store = open_store()
     flow, run_id, step, task_id = _task_of(store, args.pathspec)

@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _tasks(flow: str, input_path: str) -> list[Any]:
-    from ..store import Run, Task
+    from ..client import Run, Task
 
     parts = input_path.strip("/").split("/")
     if parts and parts[0] == flow and len(parts) > 1:

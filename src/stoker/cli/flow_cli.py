@@ -214,7 +214,6 @@ def _given_params(flow_cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     from ..backends import StepRouter
-    from ..runner.attributes import write_runner_attributes
     from ..runtime.launch import dry_run, latest_run_id, start_run
 
     if args.command in (None, "check", "show"):
@@ -249,7 +248,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         result = start_run(flow_cls, router, params=params, config_paths=configs, overrides=_overrides(args.set),
                            with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
                            run_id_file=args.run_id_file, quiet=args.quiet, on_submit=guard,
-                           run_id=write_runner_attributes(args.runner_attribute_file, flow_cls.__name__),
+                           run_id=_runner_run_id(args, flow_cls),
                            project_options=_project_options(args))
     else:
         from ..store.metadata import MetadataDB
@@ -267,13 +266,23 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         result = start_run(flow_cls, router, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
                            origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet,
                            on_submit=guard, project_options=_project_options(args),
-                           run_id=write_runner_attributes(args.runner_attribute_file, flow_cls.__name__))
+                           run_id=_runner_run_id(args, flow_cls))
     guard.done()
     if args.smoke:
         from .smoke_report import print_smoke_report
 
         print_smoke_report(flow_cls.__name__, result)
     return {"succeeded": 0, "killed": 130}.get(result.status, 1)
+
+
+def _runner_run_id(args: argparse.Namespace, flow_cls: type) -> str | None:
+    """With --runner-attribute-file: the run id chosen and written there for the Runner; else None. (The Runner
+    API's package imports asyncio: ~20 ms that a plain `run` does not pay.)"""
+    if not args.runner_attribute_file:
+        return None
+    from ..runner.attributes import write_runner_attributes
+
+    return write_runner_attributes(args.runner_attribute_file, flow_cls.__name__)
 
 
 def print_graph(graph: FlowGraph) -> None:

@@ -20,7 +20,7 @@ from typing import IO
 
 from ..runtime.executor import EXITED, JobRef
 from ..runtime.jobs import jobs_prefix, kill_request_name
-from ..store.blob import BlobStore, open_store
+from ..store.blobs import BlobStore, open_store
 from ..store.manifest import read_run_record, write_run_record
 
 

@@ -45,7 +45,7 @@ def show_logs(flow: str, input_path: str, streams: list[str], *, timestamps: boo
               attempt: int | None = None, quiet: bool = False) -> int:
     """Metaflow's `logs`: for each task of RUN/STEP (or the one task), a header on stderr, then each stream's
     name (on stderr) and its lines (on stdout)."""
-    from ..store import Run, Task
+    from ..client import Run, Task
 
     parts = input_path.strip("/").split("/")
     if parts and parts[0] == flow and len(parts) > 2:
@@ -77,7 +77,7 @@ def show_logs(flow: str, input_path: str, streams: list[str], *, timestamps: boo
 
 
 def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None, all_attempts: bool = False) -> int:
-    from ..store import Run, Task
+    from ..client import Run, Task
 
     parts = pathspec.strip("/").split("/")
     if len(parts) < 3:
@@ -108,7 +108,7 @@ def print_engine_logs(pathspec: str, follow: bool = False, out=None) -> int:
     prefixed with its step, task, node and attempt. With --follow, new lines as they come until every job ends."""
     from ..backends import make_backend
     from ..runtime.executor import EXITED
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
     from .guardian import job_refs
 
     out = out or sys.stdout

@@ -10,7 +10,7 @@ from .errors import run_cli
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from ..store import Flow, Metaflow, namespace
+    from ..client import Flow, Metaflow, namespace
     from .listing import print_runs
 
     if args.all:
@@ -29,7 +29,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import json
 
-    from ..store import Run
+    from ..client import Run
     from .listing import show_lines, show_record, width
 
     parts = args.pathspec.strip("/").split("/")
@@ -61,7 +61,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
     from .guardian import kill_run
 
     parts = args.pathspec.strip("/").split("/")

@@ -37,7 +37,7 @@ def smoke_lines(flow: str, result: Any, store: Any) -> list[str]:
 
 
 def print_smoke_report(flow: str, result: Any) -> None:
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
 
     try:
         lines = smoke_lines(flow, result, open_store())

@@ -18,7 +18,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         from ..ui.app import LOOPBACK_NAMES, create_app, is_loopback
     except ImportError as e:
         raise ConfigError(f"stoker ui needs starlette and uvicorn ({e}): pip install 'stoker[ui]'") from None
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
     from ..store.metadata import MetadataDB
     from ..store.paths import default_db_path
 

@@ -1,26 +1,72 @@
-"""`@step` and the step decorators: @retry, @catch, @timeout, @resources, @environment, @parallel, @torchrun.
+"""`@step`, the base of every decorator (`StepDecorator`, `FlowDecorator`) and its typed hooks, and `@parallel`.
 
-A decorator only records settings on the step function; the scheduler and the task entrypoint read them.
-They can also be attached from the CLI: `run --with retry:times=2 --with resources:cpu=2`.
+A decorator records settings on the step function and acts through the hooks below; the engine calls the hooks
+of whatever decorators a step has and knows none of them by name. Each feature (@retry, @catch, @timeout,
+@environment, @secrets, @card, @monitor, @torchrun, @resources, @project) is one module of `stoker.features`;
+the backends' @slurm and @batch live in `stoker.backends.*.decorator`. They can also be attached from the CLI:
+`run --with retry:times=2 --with resources:cpu=2`.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..redact import REDACTED
 from .configs import UNPACK_KEY, has_delayed, resolve_delayed, unpack_delayed
+
+StepCall = Callable[[], Any]
+
+
+@dataclass
+class TaskContext:
+    """What a task-side hook sees of one task attempt (runtime/task.py builds it).
+
+    `spec` is the attempt's TaskSpec, `node` the step's graph node, `parallel` its `current.parallel`, `flow`
+    the FlowSpec instance the step runs on, `manifest` the attempt's manifest as it is being written (a hook may
+    add to it), `last_attempt` whether a failure now ends the step. `state` keeps what a hook needs between its
+    calls in this attempt (a monitor, the cards), keyed by the decorator's name.
+    """
+
+    spec: Any
+    flow_cls: type
+    func: Callable
+    node: Any
+    store: Any
+    tempdir: str
+    parallel: Any
+    flow: Any = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    last_attempt: bool = False
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 class StepDecorator:
-    """Base of step decorators: `name`, `defaults` and the resolved `attributes`."""
+    """Base of step decorators: `name`, `defaults` and the resolved `attributes`, and the hooks a feature overrides.
+
+    Task side (in the task's process, each hook called for every decorator of the step and of the flow, in
+    ascending `order`; `task_finished` in descending order, as a stack unwinds):
+      task_started(ctx)              before the step: environment, `current` attributes, samplers, cards
+      task_decorate(ctx, call)       wrap the step's call (lower `order`: nearer the step's own code)
+      task_post_step(ctx)            the step returned
+      task_exception(ctx, exc)       the step raised: True when the decorator handled it (the flow goes on)
+      task_finished(ctx)             the manifest is complete, not yet stored; also after a failure
+    Driver side (in the run's process):
+      retries()                      attempts after the first one
+      retry_delay_s()                seconds between attempts
+      deadline_s()                   wall-clock limit of one attempt (None: none)
+      fallback_attempts(node_kind)   attempts that record a failure instead of running the step once the
+                                     step's own are spent
+      resources_request()            per-node resources asked of the backend (and of this machine)
+    """
 
     name = ""
     defaults: dict[str, Any] = {}
     allow_multiple = False
+    order = 50  # where this decorator's effects sit among the others' (see the class docstring)
+    fallback_note = ""  # what the run prints when it starts a fallback attempt
 
     def __init__(self, attributes: dict[str, Any] | None = None, statically_defined: bool = True) -> None:
         attributes = dict(attributes or {})
@@ -34,6 +80,41 @@ class StepDecorator:
         if not self.delayed:
             self.validate()
 
+    # -- task-side hooks (no-ops unless a feature overrides them) ------------------------------------------
+    def task_started(self, ctx: TaskContext) -> None:
+        """Before the step runs (outside its error handling: a failure here is a task crash)."""
+
+    def task_decorate(self, ctx: TaskContext, call: StepCall) -> StepCall:
+        """The step's call, wrapped (or replaced)."""
+        return call
+
+    def task_post_step(self, ctx: TaskContext) -> None:
+        """The step returned without an exception."""
+
+    def task_exception(self, ctx: TaskContext, exc: BaseException) -> bool:
+        """The step raised `exc` (printed already); return True when this decorator handled it."""
+        return False
+
+    def task_finished(self, ctx: TaskContext) -> None:
+        """The attempt is over and `ctx.manifest` says how; it is stored after this. Must not raise."""
+
+    # -- driver-side hooks -------------------------------------------------------------------------------
+    def retries(self) -> int:
+        return 0
+
+    def retry_delay_s(self) -> float:
+        return 0.0
+
+    def deadline_s(self) -> float | None:
+        return None
+
+    def fallback_attempts(self, node_kind: str) -> int:
+        return 0
+
+    def resources_request(self) -> dict[str, Any]:
+        return {}
+
+    # -- arguments ---------------------------------------------------------------------------------------
     def _check_known(self, attributes: dict[str, Any]) -> None:
         unknown = {k for k in attributes if k not in self.defaults and not str(k).startswith(UNPACK_KEY)}
         if unknown:
@@ -80,131 +161,16 @@ class StepDecorator:
         self.attributes[key] = v
 
 
-class RetryDecorator(StepDecorator):
-    name = "retry"
-    defaults = {"times": 3, "minutes_between_retries": 2}
-
-    def validate(self) -> None:
-        self._number("times")
-        self._number("minutes_between_retries", kind=float)
-
-
-class CatchDecorator(StepDecorator):
-    name = "catch"
-    defaults = {"var": None, "print_exception": True}
-
-
-class TimeoutDecorator(StepDecorator):
-    name = "timeout"
-    defaults = {"seconds": 0, "minutes": 0, "hours": 0}
-
-    def validate(self) -> None:
-        for k in self.defaults:
-            self._number(k, kind=float)
-        if self.total_seconds <= 0:
-            raise ConfigError("@timeout needs seconds=, minutes= or hours= greater than 0")
-
-    @property
-    def total_seconds(self) -> float:
-        a = self.attributes
-        return a["seconds"] + 60 * a["minutes"] + 3600 * a["hours"]
-
-
-class ResourcesDecorator(StepDecorator):
-    """Per-node resources. Locally they bound concurrency; remote backends request them."""
-
-    name = "resources"
-    defaults = {"cpu": None, "memory": None, "gpu": None, "trainium": None, "inferentia": None,
-                "efa": None, "shared_memory": None, "disk": None}
-
-    def validate(self) -> None:
-        for k, v in self.attributes.items():
-            if v is not None:
-                self._number(k, kind=float)
-
-
-class EnvironmentDecorator(StepDecorator):
-    name = "environment"
-    defaults = {"vars": {}}
-
-    def validate(self) -> None:
-        if not isinstance(self.attributes["vars"], dict):
-            raise ConfigError("@environment(vars=...) takes a dict of environment variables")
-        self.attributes["vars"] = {str(k): str(v) for k, v in self.attributes["vars"].items()}
-
-    def __repr__(self) -> str:  # printed by `show`: the names of the variables, never their values
-        names = self.attributes["vars"] if isinstance(self.attributes["vars"], dict) else {}
-        return f"@environment({', '.join([f'vars={ {k: REDACTED for k in names} !r}', *self._unpacked()])})"
-
-
 class ParallelDecorator(StepDecorator):
-    """Marks a gang step (the target of `self.next(..., num_parallel=N)`)."""
+    """Marks a gang step (the target of `self.next(..., num_parallel=N)`); the graph reads it."""
 
     name = "parallel"
     defaults = {}
 
 
-class TorchrunDecorator(ParallelDecorator):
-    """A gang step whose nodes launch torchrun: `current.torch.run(entrypoint, args)` in the step."""
-
-    name = "torchrun"
-    defaults = {"nproc_per_node": None, "master_port": None, "all_nodes_started_timeout": 600,
-                "rdzv_timeout": None, "max_restarts": 0, "tee": True,
-                # Neuron: the compile cache's prefix in the store (None: not kept), and a neuron_parallel_compile
-                # pass before the run (True, or a dict of flags to change for it, e.g. {"steps_this_run": 2})
-                "neuron_cache": "neuron-cache/", "precompile": False,
-                # flags of the command whose store URLs are copied to each node's disk first (["data_dir"])
-                "stage": None}
-
-
-class MonitorDecorator(StepDecorator):
-    """Samples the task's node every `interval` s into the store: CPU% and RSS of the task's process tree, host
-    memory, GPUs through NVML and NeuronCores through neuron-monitor. `gpu` / `neuron`: True wants them (one
-    warning when the tool is missing), None (default) uses them when the node has such devices, False skips."""
-
-    name = "monitor"
-    defaults = {"interval": 1, "gpu": None, "neuron": None}
-
-    def validate(self) -> None:
-        self._number("interval", minimum=0.05, kind=float)
-        for k in ("gpu", "neuron"):
-            if self.attributes[k] not in (None, True, False):
-                raise ConfigError(f"@{self.name}({k}={self.attributes[k]!r}): use True, False or None (auto)")
-
-
-class NeuronMonitorDecorator(MonitorDecorator):
-    """Metaflow's name for @monitor on Trainium/Inferentia: NeuronCore sampling is wanted (neuron=True)."""
-
-    name = "neuron_monitor"
-    defaults = {"interval": 1, "gpu": None, "neuron": True}
-
-
-class CardDecorator(StepDecorator):
-    """A card for the step (Metaflow's @card): `type` "default" (the task's artifacts and your components) or
-    "blank" (your components only); `id` names it when a step has several; `refresh_interval` (s) rate-limits
-    `current.card.refresh()`; `options` {"title": ...}; `timeout` is accepted for Metaflow compatibility."""
-
-    name = "card"
-    defaults = {"type": "default", "id": None, "options": None, "timeout": 45, "refresh_interval": 5,
-                "save_errors": True}
-    allow_multiple = True
-
-    def validate(self) -> None:
-        if self.attributes["type"] not in ("default", "blank"):
-            raise ConfigError(f"@card(type={self.attributes['type']!r}): stoker has the card types 'default' and "
-                              f"'blank'; build custom content with components (stoker.cards)")
-        cid = self.attributes["id"]
-        if cid is not None and (not isinstance(cid, str) or not cid.replace("_", "a").replace("-", "a").isalnum()):
-            raise ConfigError(f"@card(id={cid!r}): use letters, digits, '_' and '-' only, e.g. id=\"training\"")
-        if self.attributes["options"] is not None and not isinstance(self.attributes["options"], dict):
-            raise ConfigError("@card(options=...) takes a dict, e.g. options={\"title\": \"Training\"}")
-        self._number("refresh_interval", kind=float)
-        self._number("timeout", kind=float)
-
-
 class FlowDecorator(StepDecorator):
     """Base of flow-level decorators (`@project`): applied to the FlowSpec class, kept in
-    `_stoker_flow_decorators` (a subclass inherits them)."""
+    `_stoker_flow_decorators` (a subclass inherits them). Their task-side hooks run in every task of the flow."""
 
     @classmethod
     def make(cls) -> Callable:
@@ -231,15 +197,19 @@ def get_flow_decorator(flow_cls: type, name: str) -> FlowDecorator | None:
     return next((d for d in getattr(flow_cls, "_stoker_flow_decorators", ()) if d.name == name), None)
 
 
-DECORATORS: dict[str, type[StepDecorator]] = {
-    d.name: d for d in (RetryDecorator, CatchDecorator, TimeoutDecorator, ResourcesDecorator,
-                        EnvironmentDecorator, ParallelDecorator, TorchrunDecorator, MonitorDecorator,
-                        NeuronMonitorDecorator, CardDecorator)
-}
+def task_decorators(flow_cls: type, func: Callable) -> list[StepDecorator]:
+    """The decorators whose hooks run in a task of `func`: the flow's, then the step's (`--with` ones included),
+    in ascending `order` (stable: as given among equals)."""
+    decos = [*getattr(flow_cls, "_stoker_flow_decorators", ()), *getattr(func, "decorators", [])]
+    return sorted(decos, key=lambda d: d.order)
+
+
+# name -> class: what `--with NAME:...` can attach. Each feature module registers its own (stoker.features).
+DECORATORS: dict[str, type[StepDecorator]] = {ParallelDecorator.name: ParallelDecorator}
 
 
 def register_decorator(cls: type[StepDecorator]) -> type[StepDecorator]:
-    """Make a decorator class usable by name, e.g. from `--with` (backends register theirs)."""
+    """Make a decorator class usable by name, e.g. from `--with` (every feature and backend registers its own)."""
     DECORATORS[cls.name] = cls
     return cls
 
@@ -282,16 +252,13 @@ def _make(cls: type[StepDecorator]) -> Callable:
     return decorator
 
 
-retry = _make(RetryDecorator)
-catch = _make(CatchDecorator)
-timeout = _make(TimeoutDecorator)
-resources = _make(ResourcesDecorator)
-environment = _make(EnvironmentDecorator)
-parallel = _make(ParallelDecorator)
-torchrun = _make(TorchrunDecorator)
-monitor = _make(MonitorDecorator)
-neuron_monitor = _make(NeuronMonitorDecorator)
-card = _make(CardDecorator)
+def make_step_decorator(cls: type[StepDecorator]) -> Callable:
+    """Register `cls` (for `--with`) and return its decorator function: what a feature module ends with."""
+    register_decorator(cls)
+    return _make(cls)
+
+
+parallel = make_step_decorator(ParallelDecorator)
 
 
 def parse_with(spec: str) -> StepDecorator:

@@ -1,4 +1,5 @@
-"""`@project(name=...)`: flows of one project share namespaces, as with Metaflow's @project.
+"""The naming rules of `@project(name=...)` (stoker.features.project): flows of one project share namespaces, as
+with Metaflow's @project.
 
 Every run of a project flow carries the system tags `project:<name>` and `project_branch:<branch>`, so the
 client sees a project's runs with `namespace("project:<name>")` and one branch's with
@@ -17,23 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .decorators import FlowDecorator, get_flow_decorator
+from .decorators import get_flow_decorator
 
 # as Metaflow: other systems that see these names may rely on these limits
 VALID_NAME_RE = "[^a-z0-9_]"
 VALID_NAME_LEN = 128
 PROJECT_TAG, BRANCH_TAG = "project:", "project_branch:"
-
-
-class ProjectDecorator(FlowDecorator):
-    """Put the flow in project `name` (lowercase letters, digits and `_`). `branch` and `production` may be
-    given here or on the command line (`--branch`, `--production`), not both."""
-
-    name = "project"
-    defaults = {"name": None, "branch": None, "production": False}
-
-
-project = ProjectDecorator.make()
 
 
 @dataclass(frozen=True)

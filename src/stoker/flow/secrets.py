@@ -1,4 +1,4 @@
-"""`@secrets(sources=[...])`: secrets as environment variables of a step's task, as Metaflow's @secrets.
+"""The sources of `@secrets(sources=[...])` (stoker.features.secrets) and `get_secret`, as Metaflow's.
 
 A source is `"TYPE.ID"` (or `"ID"` with the default type from `$METAFLOW_DEFAULT_SECRETS_BACKEND_TYPE` /
 `$STOKER_DEFAULT_SECRETS_BACKEND_TYPE`), or a dict `{"type", "id", "options", "role"}`. Types:
@@ -21,17 +21,13 @@ import base64
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, StokerError
-from ..redact import REDACTED, SECRET_ENV_PREFIX, redact_text
-from .decorators import StepDecorator, _make, get_decorator, register_decorator
 
 DISALLOWED_PREFIXES = ("METAFLOW_", "STOKER_")
 _ENV_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-REDACT_ENV = SECRET_ENV_PREFIX + "_SECRETS_"  # + NAME: what stoker.redact knows of a fetched value
 
 
 class SecretsError(StokerError):
@@ -192,98 +188,3 @@ def _validate(spec: SecretSpec, values: dict) -> None:
 def get_secret(source: str | dict, role: str | None = None) -> dict[str, str]:
     """Fetch one source now (Metaflow's get_secret): {ENV_NAME: value}."""
     return _fetch(SecretSpec.parse(source, role if role is not None else _conf("DEFAULT_SECRETS_ROLE")))
-
-
-class SecretsDecorator(StepDecorator):
-    """Fetch secrets into the task's environment before the step runs: `sources` (list of "TYPE.ID" or
-    {"type", "id", "options", "role"}), `role` (for every source without its own), `allow_override` (a secret may
-    replace an existing variable)."""
-
-    name = "secrets"
-    defaults = {"sources": [], "role": None, "allow_override": False}
-
-    def validate(self) -> None:
-        sources = self.attributes["sources"]
-        if isinstance(sources, (str, dict)):
-            sources = [sources]
-        if not isinstance(sources, (list, tuple)):
-            raise ConfigError("@secrets(sources=...) takes a list of sources, e.g. "
-                              "sources=['aws-secrets-manager.my-secret']")
-        self.attributes["sources"] = list(sources)
-        for s in self.attributes["sources"]:
-            if not isinstance(s, (str, dict)):
-                raise ConfigError("@secrets sources items must be either a string or a dict")
-
-    def fetch(self) -> dict[str, str]:
-        """Every source's variables, checked as Metaflow checks them (disjoint, and new unless allow_override)."""
-        role = self.attributes["role"] or _conf("DEFAULT_SECRETS_ROLE")
-        fetched = [(spec, _fetch(spec)) for spec in (SecretSpec.parse(s, role) for s in self.attributes["sources"])]
-        by: dict[str, SecretSpec] = {}
-        for spec, values in fetched:
-            for k in values:
-                if k in by:
-                    raise SecretsError(f"secret '{spec}' will inject '{k}' as env var, and it is also added by "
-                                       f"'{by[k]}'")
-                by[k] = spec
-                if not self.attributes["allow_override"] and k in os.environ:
-                    raise SecretsError(f"secret '{spec}' will inject '{k}' as env var, but it already exists in "
-                                       f"env (pass allow_override=True to replace it)")
-        return {k: v for _, values in fetched for k, v in values.items()}
-
-    def __repr__(self) -> str:  # printed by `show`: where the secrets come from, never a value
-        shown = [s if isinstance(s, str) else {k: (REDACTED if k == "options" else v) for k, v in s.items()}
-                 for s in self.attributes["sources"]] if isinstance(self.attributes["sources"], list) else "..."
-        return f"@secrets(sources={shown!r})"
-
-
-register_decorator(SecretsDecorator)
-secrets = _make(SecretsDecorator)
-
-
-class _RedactingStream:
-    """sys.stdout / sys.stderr of a task with secrets: every fetched value is written as ***."""
-
-    def __init__(self, stream: Any, values: list[str]) -> None:
-        self._stream, self._values = stream, values
-
-    def write(self, text: str) -> int:
-        self._stream.write(redact_text(text, self._values))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-_installed: dict[str, Any] = {}
-
-
-def install_secrets(func: Callable) -> None:
-    """In a task, before its step runs: fetch the step's @secrets into os.environ and have every value
-    redacted from what the task prints and records. Raises SecretsError (the task fails, @retry applies)."""
-    deco = get_decorator(func, "secrets")
-    if deco is None:
-        return
-    values = deco.fetch()
-    keys = [*values, *(f"{REDACT_ENV}{k}" for k in values)]
-    _installed.update(old={k: os.environ.get(k) for k in keys}, stdout=sys.stdout, stderr=sys.stderr)
-    os.environ.update(values)
-    # stoker.redact knows secret values by their STOKER_SECRET_* variables: the exception, @catch and the log
-    redact_env = {f"{REDACT_ENV}{k}": v for k, v in values.items()}
-    os.environ.update(redact_env)
-    secret_values = sorted({v for v in values.values() if len(v) >= 4}, key=len, reverse=True)
-    if secret_values:
-        sys.stdout = _RedactingStream(sys.stdout, secret_values)  # type: ignore[assignment]
-        sys.stderr = _RedactingStream(sys.stderr, secret_values)  # type: ignore[assignment]
-
-
-def remove_secrets() -> None:
-    """After the task: its secrets leave os.environ and the streams are the task's own again."""
-    if not _installed:
-        return
-    for k, old in _installed["old"].items():
-        if old is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = old
-    sys.stdout, sys.stderr = _installed["stdout"], _installed["stderr"]
-    _installed.clear()

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
 from ..store.series import SeriesWriter
 from .samplers import NeuronMonitorSampler, NvmlSampler, ProcessTreeSampler, find_neuron_monitor
 

@@ -21,6 +21,7 @@ from typing import Any
 from stoker import Config, FlowSpec, current, monitor, retry, step, torchrun
 from stoker.errors import ConfigError
 from stoker.flow.parameters import load_config_file, parse_config_text
+from stoker.train.plan import model_shape  # noqa: F401  (re-exported: the [model] section's shape, torch-free)
 
 DEFAULT_CONFIG = Path(__file__).with_name("llama_pretrain.toml")
 TRAIN_SECTIONS = ("train", "parallel", "checkpoint")
@@ -69,25 +70,11 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
-# where stoker.train's settings are declared: read from the source, so that checking them imports no torch
-SETTINGS = {"model": ("stoker.train.model", "LlamaConfig"), "train": ("stoker.train.config", "OptimSection"),
-            "parallel": ("stoker.train.parallel", "ParallelConfig"),
-            "checkpoint": ("stoker.train.config", "CheckpointSection")}
-
-
-def _declared_fields(module: str, cls: str) -> set[str]:
-    import ast
-    import importlib.util
-
-    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    return {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-
-
 def valid_settings() -> dict[str, set[str]]:
-    valid = {section: _declared_fields(*where) for section, where in SETTINGS.items()}
-    valid["model"] |= {"name", "init_from", "overrides"}
-    return valid
+    """The keys of the sections that go to stoker.train, from its settings' dataclasses (torch-free)."""
+    from stoker.train.settings import section_keys
+
+    return {section: set(section_keys(section)) for section in ("model", *TRAIN_SECTIONS)}
 
 
 def check_train_settings(cfg: dict, overrides: Mapping[str, Any] | None = None) -> None:
@@ -125,22 +112,15 @@ def pipeline_summary(flow: str, run_id: str, m: Mapping[str, Any], e: Mapping[st
     ])
 
 
-def model_shape(model: Mapping[str, Any]) -> dict[str, Any] | None:
-    """n_heads, n_kv_heads and max_seq_len of the [model] section (a named shape plus overrides); None when the
-    named shapes cannot be read here (they live with the model code, which needs torch)."""
-    import importlib.util
+def check_train_values(cfg: dict) -> None:
+    """The values of those sections, as stoker.train will read them (types, choices, ranges; the named model shape
+    with its overrides): a bad one fails here, with stoker.train's own message, not on every node of the gang."""
+    from stoker.train.config import from_dict
 
-    keys = ("n_heads", "n_kv_heads", "max_seq_len")
-    given = {k: model[k] for k in keys if k in model}
-    name = model.get("name")
-    if name and len(given) < len(keys):
-        if importlib.util.find_spec("torch") is None:
-            return None
-        from stoker.train.configs import get_model_config
-
-        base = get_model_config(str(name)).to_dict()
-        given = {**{k: base[k] for k in keys}, **given}
-    return given if "n_heads" in given and "max_seq_len" in given else None
+    sections = {s: dict(cfg.get(s) or {}) for s in ("model", *TRAIN_SECTIONS)}
+    if sections["model"].get("init_from") and not sections["model"].get("name"):
+        del sections["model"]  # its shape is the source's (read when training starts, from the store)
+    from_dict(sections, source="the pipeline config")
 
 
 def check_train_plan(cfg: dict) -> None:
@@ -148,9 +128,9 @@ def check_train_plan(cfg: dict) -> None:
     positions and the ranks vs tp: refused here, before data is prepared or a node is started."""
     from stoker.train.plan import check, stoker_train_plan
 
-    shape = model_shape(cfg.get("model") or {})
-    if shape is not None:
-        check(stoker_train_plan(cfg, shape), "the pipeline config")
+    plan = stoker_train_plan(cfg)  # None: the shape comes from model.init_from, known when training starts
+    if plan is not None:
+        check(plan, "the pipeline config")
 
 
 class PipelineConfig(Config):
@@ -161,6 +141,7 @@ class PipelineConfig(Config):
         value = super().resolve(path, overrides, base_dir)
         if value is not None:
             check_train_settings(value.to_dict(), overrides)
+            check_train_values(value.to_dict())
             check_train_plan(value.to_dict())
         return value
 

@@ -201,8 +201,8 @@ _DBS: dict[str, Any] = {}
 def _client_run(attrs: dict[str, str], cmd: CommandManager, timeout: float) -> Any:
     """The client Run named by the runner attributes, read where the flow process writes it. The process names
     its run a moment before registering it: wait for it (until `timeout`, or the process has ended)."""
-    from ..store import Run
-    from ..store.blob import open_store
+    from ..client import Run
+    from ..store.blobs import open_store
     from ..store.metadata import MetadataDB
 
     pathspec = f"{attrs['flow_name']}/{attrs['run_id']}"

@@ -53,7 +53,7 @@ def resume_step(manifest: dict | None) -> Any:
     return ((manifest or {}).get("exception") or {}).get("resume_step")
 
 
-def retry_preempted(unit: list[Any], first: Any) -> str | None:
+def requeue_preempted(unit: list[Any], first: Any) -> str | None:
     """Count a preemption retry on the unit's tasks (not against @retry); returns the line to show, or None when
     the task was preempted more than $STOKER_MAX_PREEMPTIONS times (then it is an ordinary failure)."""
     done = getattr(first, "preemptions", 0)

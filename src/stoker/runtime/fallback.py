@@ -1,9 +1,8 @@
-"""A task whose process died (SIGKILL, a segfault, out of memory): what its log says, and @catch's fallback.
+"""A task whose process died (SIGKILL, a segfault, out of memory): what its log says, and fallback attempts.
 
-As in Metaflow, a step with @catch gets up to FALLBACK_ATTEMPTS more attempts once its own (1 + @retry times)
-are spent and the last one did not end in a caught exception (its process died, or it failed outside the
-step's code). A fallback attempt does not run the step: it raises FailureHandledByCatch, which @catch stores
-in its `var`, and the flow goes on.
+A decorator may offer fallback attempts once a step's own are spent and the last one did not end in an
+exception its decorators handled (its process died, or it failed outside the step's code): @catch's record the
+failure and the flow goes on (stoker.features.catch).
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from ..flow.decorators import get_decorator
-
-FALLBACK_ATTEMPTS = 3  # Metaflow's NUM_FALLBACK_RETRIES
+from ..features.hooks import fallback_attempts
 
 
 def died_how(code: int) -> str:
@@ -32,11 +29,15 @@ def crash_note(code: int, why: str | None = None) -> str:
             f"{'was ' if code < 0 else ''}{how}" + (f" because {why}" if why else "") + ".\n")
 
 
+def fallback_note(flow_cls: type, kind: str, unit: list[Any], first: Any) -> str:
+    """What the run prints when a failed unit gets a fallback attempt, else "": one non-gang task of a step whose
+    decorators offer fallback attempts for its kind of graph node (`kind`), its own attempts spent, fewer
+    fallbacks so far than offered."""
+    if len(unit) != 1 or first.gang:
+        return ""
+    n, note = fallback_attempts(getattr(flow_cls, first.step), kind)
+    return note if n and first.max_attempts <= first.attempt + 1 < first.max_attempts + n else ""
+
+
 def wants_fallback(flow_cls: type, kind: str, unit: list[Any], first: Any) -> bool:
-    """Whether a failed unit gets a fallback attempt: one non-gang task of a @catch step that @catch can complete
-    (not a foreach, gang or switch step: `kind` is its graph node's), its own attempts spent, fewer than
-    FALLBACK_ATTEMPTS fallbacks so far."""
-    if len(unit) != 1 or first.gang or kind in ("foreach", "parallel", "switch") or \
-            not get_decorator(getattr(flow_cls, first.step), "catch"):
-        return False
-    return first.max_attempts <= first.attempt + 1 < first.max_attempts + FALLBACK_ATTEMPTS
+    return bool(fallback_note(flow_cls, kind, unit, first))

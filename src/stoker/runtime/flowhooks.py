@@ -1,21 +1,18 @@
-"""What the run and its tasks do for flow-level features: config values in decorators, @project, @secrets.
+"""What the run and its tasks do before any decorator acts: config values in decorators, and the run's project.
 
 - `bind_run`: when a run starts, config expressions in decorators are evaluated with the run's Config values
   and @project gives the run's project and branch (its system tags).
-- In a task: the same binding (a task started as a new process: `python flow.py _task SPEC`), the project's
-  `current` attributes, and the step's @secrets fetched just before the step (never stored).
+- In a task started as a new process (`python flow.py _task SPEC`): the same binding. What a task does for a
+  decorator is in that decorator's module (stoker.features).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..flow.configs import bind_configs, needs_binding
-from ..flow.decorators import get_flow_decorator
 from ..flow.parameters import Config
-from ..flow.project import ProjectInfo, project_from_tags, project_info
-from ..flow.secrets import install_secrets, remove_secrets
+from ..flow.project import ProjectInfo, project_info
 
 
 def bind_run(flow_cls: type, values: dict[str, Any], user: str, project_options: dict[str, Any] | None = None,
@@ -32,35 +29,13 @@ def bind_task_configs(flow_cls: type, spec: Any, store: Any = None) -> None:
     if not needs_binding(flow_cls):
         return
     from ..store.artifacts import load_artifact
-    from ..store.blob import open_store
+    from ..store.blobs import open_store
 
     store = store or open_store(spec.store_url or None)
     inputs = flow_cls._run_inputs()
     values = {k: load_artifact(store, d) for k, d in spec.run_inputs.items()
               if isinstance(inputs.get(k), Config)}
     bind_configs(flow_cls, values)
-
-
-def task_current(flow_cls: type, spec: Any) -> dict[str, Any]:
-    """`current` attributes of a project flow's task (from the run's system tags)."""
-    if get_flow_decorator(flow_cls, "project") is None:
-        return {}
-    info = project_from_tags(list(spec.tags), spec.flow)
-    return info.as_current() if info else {}
-
-
-def with_secrets(func: Callable, call: Callable[[], Any]) -> Callable[[], Any]:
-    """The step call, after the step's @secrets are in the environment (a failure fails the task)."""
-    def run() -> Any:
-        install_secrets(func)
-        return call()
-
-    return run
-
-
-def after_task() -> None:
-    """The task's secrets leave its environment and its streams."""
-    remove_secrets()
 
 
 def bind_default_configs(flow_cls: type, base_dir: Any) -> None:

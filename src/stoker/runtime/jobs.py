@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import os
 
+from ..features.hooks import deadline, resources_request
 from ..flow.decorators import get_decorator
 from ..store.manifest import run_prefix
 from .executor import Backend, JobRef, Unit
+from .resources import KEYS
 from .spec import TaskSpec
 
 
 def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec], store_url: str,
                throttle: int | None = None) -> Unit:
-    """A unit of `specs` (one step) with the step's settings: its backend decorator, @resources, @timeout."""
+    """A unit of `specs` (one step) with the step's settings: its backend decorator's, the resources a node
+    asks for and the limit on one attempt (the decorators' hooks)."""
     first = specs[0]
     func = getattr(flow_cls, first.step)
-    opts, res, tmo = (get_decorator(func, n) for n in (backend.name, "resources", "timeout"))
+    opts, limit = get_decorator(func, backend.name), deadline(func)
     return Unit(kind=kind, flow=first.flow, run_id=first.run_id, step=first.step, specs=specs,
-                options=dict(opts.attributes) if opts else {},
-                resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
-                timeout_s=tmo.total_seconds if tmo else None, store_url=store_url,
+                options=dict(opts.attributes) if opts else {}, resources=resources_request(func),
+                timeout_s=limit[0] if limit else None, store_url=store_url,
                 env={"STOKER_RUN_ID": first.run_id, **run_env()}, throttle=throttle)
+
+
+def node_need(flow_cls: type, step: str) -> dict[str, float]:
+    """What one task of `step` takes of this machine's capacity: the explicit requests it counts."""
+    want = resources_request(getattr(flow_cls, step))
+    return {k: float(want[k]) for k in KEYS if want.get(k)}
 
 
 # how a run was started (`run --smoke`, `--no-preflight`) and the preflight's floors: every task of the run reads

@@ -21,7 +21,7 @@ from ..flow.lint import lint
 from ..flow.parameters import _MISSING, Config, ParameterContext
 from ..redact import REDACTED, redact_with_spec
 from ..store.artifacts import save_artifact, secret_descriptor
-from ..store.blob import BlobStore, open_store
+from ..store.blobs import BlobStore, open_store
 from ..store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
 from ..store.metadata import MetadataDB
 from ..store.paths import current_user, default_db_path, default_store_url, home_dir
@@ -185,36 +185,38 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     store_key(store.url, create=True)  # the store's signing key (kept outside the store), made on first use
     declared = flow_cls._run_inputs()
     run_inputs = save_run_inputs(store, declared, values)
-    shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
-             for k, v in values.items() if not isinstance(declared[k], Config)}
-    configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
-    db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
-                  origin_run_id=origin_run_id, system_tags=system_tags)
-    record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
-              "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "system_tags": system_tags,
-              "with": [redact_with_spec(w) for w in with_specs],
-              "flow_file": flow_file, "created_at": time.time(), "status": "running",
-              "pid": os.getpid(), "host": socket.gethostname(),
-              "graph": {n.name: list(n.out_funcs) for n in graph}}  # the DAG, for readers without the flow file
-    write_run_record(store, record)
-    if run_id_file:
-        Path(run_id_file).write_text(run_id)
-    display = Display(f"{graph.name}/{run_id}", quiet=quiet)
-    display.info(f"stoker: run {graph.name}/{run_id} started (user:{user}, store {store.url})"
-                 + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
-    if project:  # as Metaflow prints it
-        display.info(f"Project: {project.project_name}, Branch: {project.branch_name}")
-    from .task import preload, run_task
-
-    for b in {router(n.name).name: router(n.name) for n in graph}.values():
-        b.bind(lambda spec: run_task(flow_cls, spec, store, graph), preload)  # for a backend that forks members
-    # a task's spec: the system tags first, so that a user tag `project:x` is not taken for @project's
-    sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
-                      run_inputs=run_inputs, user=user, tags=[*system_tags, *(tags or [])], max_workers=max_workers,
-                      origin=origin,
-                      origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
-                      with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit,
-                      package=package)
+    early = _bind_backends(flow_cls, graph, router, store)  # a fork server preloads while the run is registered
+    try:
+        shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
+                 for k, v in values.items() if not isinstance(declared[k], Config)}
+        configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
+        db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
+                      origin_run_id=origin_run_id, system_tags=system_tags)
+        record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
+                  "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "system_tags": system_tags,
+                  "with": [redact_with_spec(w) for w in with_specs],
+                  "flow_file": flow_file, "created_at": time.time(), "status": "running",
+                  "pid": os.getpid(), "host": socket.gethostname(),
+                  "graph": {n.name: list(n.out_funcs) for n in graph}}  # the DAG, for readers without the flow file
+        write_run_record(store, record)
+        if run_id_file:
+            Path(run_id_file).write_text(run_id)
+        display = Display(f"{graph.name}/{run_id}", quiet=quiet)
+        display.info(f"stoker: run {graph.name}/{run_id} started (user:{user}, store {store.url})"
+                     + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
+        if project:  # as Metaflow prints it
+            display.info(f"Project: {project.project_name}, Branch: {project.branch_name}")
+        # a task's spec: the system tags first, so that a user tag `project:x` is not taken for @project's
+        sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
+                          run_inputs=run_inputs, user=user, tags=[*system_tags, *(tags or [])], max_workers=max_workers,
+                          origin=origin,
+                          origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
+                          with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit,
+                          package=package)
+    except BaseException:
+        for b in early:
+            b.close()  # it forked no member yet: its fork server stops
+        raise
     started = time.time()
     # a closed terminal (SIGHUP) stops the run like Ctrl-C: tasks stopped, the run marked killed
     old_hup = signal.signal(signal.SIGHUP, _on_hangup(sched)) if hasattr(signal, "SIGHUP") else None
@@ -227,6 +229,9 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
     finally:
         if old_hup is not None:
             signal.signal(signal.SIGHUP, old_hup)
+        for b in early:
+            if b not in sched.backends.values():  # never used (stopped before its first pass): the scheduler did
+                b.close()  # not close it
     _finish_record(store, db, record, result.status)
     elapsed = time.time() - started
     if result.status == "succeeded":
@@ -239,6 +244,23 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
                      "fix the error above and run again" if fix else
                      f"continue it with `python {_as_invoked(flow_file)} resume {run_id}`"), style="bold red")
     return result
+
+
+def _bind_backends(flow_cls: type, graph: FlowGraph, router: Router, store: BlobStore) -> list[Backend]:
+    """Give each backend the run uses the in-process task entrypoint (a backend that forks members calls it) and
+    have the one that runs `start` get ready now (the local fork server: forked and preloading while the run is
+    registered); the backends it started, which the caller closes if the run fails before its scheduler runs."""
+    from .task import preload, run_task
+
+    used = {router(n.name).name: router(n.name) for n in graph}
+    for b in used.values():
+        b.bind(lambda spec: run_task(flow_cls, spec, store, graph), preload)  # for a backend that forks members
+    first = router("start")
+    start_early = getattr(first, "start_early", None)
+    if start_early is None:
+        return []
+    start_early()
+    return [first]
 
 
 def _on_hangup(sched: Scheduler) -> Callable[[int, Any], None]:

@@ -33,8 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._hashing import sha256_file
 from ..errors import StoreError
-from ..store.blob import BlobStore, check_name, hash_file
+from ..store.blobs import BlobStore, check_name
 from .accel import NEURON_CACHE_DIR
 
 DEFAULT_PREFIX = "neuron-cache/"
@@ -247,7 +248,7 @@ def fetch(store: BlobStore, prefix: str, local_dir: str | os.PathLike, *, clean:
         dest = root / rel
         if not dest.resolve().is_relative_to(resolved_root):
             raise StoreError(f"Neuron cache entry {rel!r} in {store.url} points outside {root}; delete it")
-        if dest.is_file() and hash_file(dest) == key:
+        if dest.is_file() and sha256_file(dest) == key:
             return -1
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".stoker-")
@@ -290,11 +291,11 @@ def upload(store: BlobStore, prefix: str, local_dir: str | os.PathLike) -> SyncR
 
     def put(rel: str) -> int:
         path = root / rel
-        key = hash_file(path)
+        key = sha256_file(path)
         known = index.get(rel, [])
         if key in known and (len(known) == 1 or _newest(store, prefix, rel, known) == key):
             return -1
-        key = store.put_file(path)  # the content may have changed since hashing: name what was stored
+        key = store.put_blob_file(path)  # the content may have changed since hashing: name what was stored
         store.write(f"{prefix}{rel}@{key}", str(time.time_ns()).encode())  # newest wins on fetch
         return path.stat().st_size
 

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import MutableMapping
 
-from ..store.blob import BlobStore, open_store
+from ..store.blobs import BlobStore, open_store
 from ..store.manifest import log_name
 from .accel import node_env, step_request
 from .nodeenv import node_identity
@@ -142,7 +142,7 @@ def apply_node_env(doc: dict, env: MutableMapping[str, str] | None = None) -> di
 def run_member(store_url: str, code_key: str, spec_key: str) -> int:
     started = time.time()
     store = open_store(store_url)
-    doc = json.loads(store.get_bytes(spec_key))
+    doc = json.loads(store.get_blob(spec_key))
     spec = member_spec(doc)
     os.environ.update(STOKER_RUN_ID=spec.run_id, STOKER_TASK_PATHSPEC=spec.pathspec, STOKER_STORE=store.url)
     added = apply_node_env(doc)

@@ -7,18 +7,20 @@ owners): the same code gives the same key, and a node that has unpacked it once 
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import shutil
 import sys
 import sysconfig
-import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, StokerError
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
+
+if TYPE_CHECKING:  # tarfile and gzip are imported where used: a local run never builds a package
+    import tarfile
 
 SKIP_DIRS = {".git", ".hg", ".stoker", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
              ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
@@ -85,6 +87,9 @@ def build_package(flow_file: str | os.PathLike) -> tuple[bytes, str]:
     if total > MAX_TOTAL:
         raise ConfigError(f"the code package of {flow} would be {total >> 20} MB (limit {MAX_TOTAL >> 20} MB): "
                           f"move data files out of {root} into the store or a dataset")
+    import gzip
+    import tarfile
+
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz, \
             tarfile.open(fileobj=gz, mode="w") as tar:  # mtime=0: the same code gives the same bytes
@@ -99,7 +104,7 @@ def build_package(flow_file: str | os.PathLike) -> tuple[bytes, str]:
 def stage_package(store: BlobStore, flow_file: str | os.PathLike) -> tuple[str, str]:
     """Put the code package in the store; returns (blob key, flow path inside the package)."""
     data, flow_path = build_package(flow_file)
-    return store.put_bytes(data), flow_path
+    return store.put_blob(data), flow_path
 
 
 def cache_root() -> Path:
@@ -108,6 +113,8 @@ def cache_root() -> Path:
 
 def unpack_package(store: BlobStore, key: str, root: Path | None = None) -> Path:
     """The package's folder on this node, unpacked once per key (atomically: concurrent members are safe)."""
+    import tarfile
+
     root = root or cache_root()
     dest = root / key
     if dest.is_dir():
@@ -115,7 +122,7 @@ def unpack_package(store: BlobStore, key: str, root: Path | None = None) -> Path
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
     try:
-        with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key)), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(store.get_blob(key)), mode="r:gz") as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(tmp, filter="data")
             else:  # Python < 3.11.4 / 3.10.12 (e.g. Debian 12's 3.11.2): the same checks, for what packages hold

@@ -5,17 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..flow.decorators import get_decorator
-
-KEYS = ("cpu", "memory", "gpu")
-
-
-def step_resources(func: Any) -> dict[str, float]:
-    """What one task of the step asks for (only the keys set in @resources)."""
-    d = get_decorator(func, "resources")
-    if not d:
-        return {}
-    return {k: float(d.attributes[k]) for k in KEYS if d.attributes.get(k)}
+KEYS = ("cpu", "memory", "gpu")  # what a task's requests are counted in (runtime.jobs.node_need)
 
 
 @dataclass

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StokerError
-from ..flow.decorators import get_decorator
+from ..features.hooks import attempt_delay_s, attempts_allowed, deadline
 from ..flow.graph import FlowGraph
-from ..store.blob import BlobStore
+from ..store.blobs import BlobStore
 from ..store.manifest import (
     clone_manifest,
     handed_manifest,
@@ -31,14 +31,14 @@ from ..store.manifest import (
 )
 from ..store.metadata import MetadataDB
 from .executor import EXITED, Backend, JobRef, JobStatus, Unit
-from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, retry_preempted
-from .fallback import crash_note, died_how, wants_fallback
+from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, requeue_preempted
+from .fallback import crash_note, died_how, fallback_note
 from .gangview import node_states
-from .jobs import build_unit, job_record_name, kill_request_name
+from .jobs import build_unit, job_record_name, kill_request_name, node_need
 from .output import Display, TaskOutput, private_log_root, store_logs
 from .package import stage_package
 from .queue import Task, TaskIndex
-from .resources import ResourcePool, step_resources
+from .resources import ResourcePool  # this machine's capacity (the module's name is not a decorator's)
 from .spec import TaskSpec
 from .transitions import add_gang, start_successors
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/failures.py)
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
 LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
-NEVER_STARTS = "the engine can never start it"  # no retry can help
+NEVER_STARTS = "the engine can never start it"  # no further attempt can help
 MAX_ARRAY = 1000  # elements per job array (Slurm's default MaxArraySize is 1001)
 FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often
 
@@ -107,10 +107,8 @@ class Scheduler:
 
     def _add(self, step: str, inputs: list[Task], foreach: list[dict], parallel: dict | None = None,
              gang: str | None = None, task_id: str | None = None, iteration: tuple = ()) -> Task:
-        func = getattr(self.flow_cls, step)
-        retry = get_decorator(func, "retry")
         t = Task(step=step, task_id=task_id or self._new_id(), inputs=[i.ref() for i in inputs], foreach=foreach,
-                 max_attempts=1 + (int(retry.attributes["times"]) if retry else 0), parallel=parallel, gang=gang,
+                 max_attempts=attempts_allowed(getattr(self.flow_cls, step)), parallel=parallel, gang=gang,
                  iteration=iteration)
         self.index.add(t)
         return t
@@ -154,7 +152,7 @@ class Scheduler:
                     admission.hold(unit, block=not cloneable)
                     continue
                 if not backend.remote:
-                    need = [step_resources(getattr(self.flow_cls, t.step)) for t in unit]
+                    need = [node_need(self.flow_cls, t.step) for t in unit]
                     if running and not self.pool.fits(need):
                         admission.hold(unit, block=not cloneable)
                         continue
@@ -173,7 +171,7 @@ class Scheduler:
             if backend.remote and unit.kind == "gang":
                 backend.check(unit)  # its size is known only now (num_parallel computed in the parent step)
             ref = backend.submit(backend.materialize(unit))
-        except StokerError as e:  # refused or unreachable: nothing was submitted; no retry can help
+        except StokerError as e:  # refused or unreachable: nothing was submitted; no further attempt can help
             for t in tasks:
                 t.started, t.backend = time.time(), backend
                 m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
@@ -338,18 +336,18 @@ class Scheduler:
         names = {name for name, _ in self.live}
         return [b for n, b in self.backends.items() if n in names]
 
-    def _wait(self, timeout: float) -> None:
+    def _wait(self, seconds: float) -> None:
         """Let the backends stream output until something may have changed or a remote poll is due."""
         live = self._live_backends()
         if not live:
-            time.sleep(timeout)
+            time.sleep(seconds)
             return
         now = time.time()
-        due = min((self.last_poll.get(b.name, 0) + self._gap(b) - now for b in live if b.remote), default=timeout)
-        timeout = max(0.0, min(timeout, due)) if any(not b.remote for b in live) else max(0.0, due)
+        due = min((self.last_poll.get(b.name, 0) + self._gap(b) - now for b in live if b.remote), default=seconds)
+        seconds = max(0.0, min(seconds, due)) if any(not b.remote for b in live) else max(0.0, due)
         live.sort(key=lambda b: b.remote)  # a local backend wakes the moment a member exits
         for i, b in enumerate(live):
-            b.wait(timeout if i == 0 else 0.0, self._sink)
+            b.wait(seconds if i == 0 else 0.0, self._sink)
 
     def _sink(self, ref: JobRef, member: int, stream: str, data: bytes) -> None:
         _, tasks = self.live.get((ref.backend, ref.job_id), (None, []))
@@ -399,7 +397,7 @@ class Scheduler:
                 return
             status = JobStatus(EXITED, exit_code=-9, reason=f"the {b.name} engine lost job {ref.job_id}")
         self.unseen.pop(key, None)
-        mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a retry's
+        mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a later attempt's
         ended = {i: self._ended_at(tasks[i]) for i in mine if status.member(i).state == EXITED}
         # a gang whose nodes all ended together: the node that reported its own failure first went first
         for i in sorted(mine, key=lambda i: (i not in ended, ended.get(i) is None, ended.get(i) or 0, i)):
@@ -409,10 +407,10 @@ class Scheduler:
             elif s.started_at or s.state != "queued":
                 if not t.started:
                     t.started = s.started_at or now
-                    tmo = get_decorator(getattr(self.flow_cls, t.step), "timeout")
-                    t.deadline = t.started + tmo.total_seconds + 5 if tmo else None
+                    limit = deadline(getattr(self.flow_cls, t.step))  # the task stops itself first
+                    t.deadline = t.started + limit[0] + 5 if limit else None
                 if t.deadline and now > t.deadline and not t.stopping:
-                    self._stop(t, "it exceeded its @timeout", hard=True)
+                    self._stop(t, deadline(getattr(self.flow_cls, t.step))[1], hard=True)
             elif s.blocked and not t.stopping:
                 self._stop(t, f"{NEVER_STARTS} ({s.reason})", hard=True)
             elif s.reason and s.reason != t.queued_reason and not t.stopping:
@@ -465,7 +463,7 @@ class Scheduler:
     # -- outcomes ---------------------------------------------------------------------------------
     def _finish(self, t: Task, code: int, reason: str | None = None) -> None:
         if not t.backend.remote:
-            self.pool.give(step_resources(getattr(self.flow_cls, t.step)))
+            self.pool.give(node_need(self.flow_cls, t.step))
         self.display.count("running", -1)
         t.exit_code = code
         t.engine_reason = reason
@@ -504,7 +502,7 @@ class Scheduler:
         if t.gang:
             self._gang_failed(t)
         else:
-            self._retry_or_fail([t])
+            self._again_or_fail([t])
 
     def _outcome(self, t: Task) -> tuple[dict | None, str | None]:
         """The attempt's manifest as its member handed it over (a local member: no read, no signature check),
@@ -552,27 +550,26 @@ class Scheduler:
         if since is not None:
             self.display.info(f"gang {t.step} stopped {time.time() - since:.1f} s after node "
                               f"{first.parallel['node_index']} failed")
-        self._retry_or_fail(gang, first)
+        self._again_or_fail(gang, first)
 
     def _why(self, t: Task) -> str:
         exc = (t.manifest or {}).get("exception") or {}
         return f"{exc.get('type', '?')}: {exc.get('message', '')}".strip()
 
-    def _retry_or_fail(self, unit: list[Task], first: Task | None = None) -> None:
+    def _again_or_fail(self, unit: list[Task], first: Task | None = None) -> None:
+        """Another attempt of the unit (the step's own, a preemption's, or a fallback), or the run fails."""
         first = first or unit[0]
         if self.interrupted or first.stop_reason in ("another task failed", "the run was interrupted"):
             return
-        kind = failure_kind(first.manifest, first.exit_code)  # preempted: retry and resume; permanent: never
+        kind = failure_kind(first.manifest, first.exit_code)  # preempted: again, resuming; permanent: never
         never = (first.stop_reason or "").startswith(NEVER_STARTS) or kind == PERMANENT
-        note = retry_preempted(unit, first) if kind == PREEMPTED and not self.failed and not never else None
-        fallback = not self.failed and not never and wants_fallback(self.flow_cls, self.graph[first.step].kind, unit, first)
+        note = requeue_preempted(unit, first) if kind == PREEMPTED and not self.failed and not never else None
+        fallback = "" if self.failed or never else \
+            fallback_note(self.flow_cls, self.graph[first.step].kind, unit, first)
         if (first.attempt + 1 < first.max_attempts or fallback) and not self.failed and not never:
-            retry = get_decorator(getattr(self.flow_cls, first.step), "retry")
-            delay = 60 * float(retry.attributes["minutes_between_retries"]) if retry and not note else 0
-            delay = 0 if fallback else delay
+            delay = 0 if note or fallback else attempt_delay_s(getattr(self.flow_cls, first.step))
             self.display.info(f"[{self._prefix(first)}] {note}" if note else
-                              f"[{self._prefix(first)}] failed ({self._why(first)}); @catch: a fallback attempt "
-                              f"records the failure and the flow goes on" if fallback else
+                              f"[{self._prefix(first)}] failed ({self._why(first)}); {fallback}" if fallback else
                               f"[{self._prefix(first)}] failed ({self._why(first)}); "
                               f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
                               f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),

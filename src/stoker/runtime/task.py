@@ -17,53 +17,25 @@ from typing import Any
 
 from ..errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
 from ..exitstatus import exit_code_for
+from ..features.hooks import TaskHooks
 from ..flow.current import ParallelInfo, current, graph_info
-from ..flow.decorators import get_decorator
+from ..flow.decorators import TaskContext
 from ..flow.graph import FlowGraph
 from ..flow.spec import FlowSpec, Inputs, _ArtifactView
-from ..monitor.task_hook import start_for_task
 from ..redact import redact_text
 from ..store.artifacts import load_artifact, save_artifact
-from ..store.blob import BlobStore, open_store
+from ..store.blobs import BlobStore, open_store
 from ..store.manifest import read_manifest, store_manifest
 from ..store.metrics import task_env as metrics_task_env
 from ..store.signing import seal
-from .flowhooks import after_task, bind_task_configs, task_current, with_secrets
+from .flowhooks import bind_task_configs
 from .handover import hand_over
 from .spec import TaskSpec
 
 
-class StepTimeout(StokerError):
-    """The step ran longer than its @timeout."""
-
-
-class FailureHandledByCatch(StokerError):
-    """What @catch stores when a task's attempts kept dying without an exception of its code (as Metaflow)."""
-
-    def __init__(self, retry_count: int) -> None:
-        super().__init__(f"Task execution kept failing over {retry_count} attempts. Your code did not raise an "
-                         f"exception. Something in the execution environment caused the failure.")
-
-
-class CaughtException:
-    """What @catch(var=...) stores: the exception's type, message and traceback as text (picklable)."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.type = f"{type(exc).__module__}.{type(exc).__name__}"
-        self.message, self.traceback = _exception_text(exc)  # an artifact: no secret parameter's value in it
-
-    exception = property(lambda self: self.message)  # Metaflow's MetaflowExceptionWrapper fields
-    stacktrace = property(lambda self: self.traceback)
-
-    def __repr__(self) -> str:
-        return f"CaughtException({self.type}: {self.message})"
-
-    __str__ = __repr__
-
-
 def _exception_text(exc: BaseException) -> tuple[str, str]:
     """(message, traceback) of ``exc`` with the values of secret parameters (``STOKER_SECRET_*``) as ``***``:
-    what the manifest, the index, the log and @catch keep of a step's exception."""
+    what the manifest, the index and the log keep of a step's exception."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return redact_text(str(exc)), redact_text(tb)
 
@@ -99,137 +71,137 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
              graph: FlowGraph | None = None) -> int:
     """Execute one task attempt; return the process exit code (0 when the manifest says ok).
 
-    A forked task gets the scheduler's graph and store; a spawned one builds them from the spec.
+    A forked task gets the scheduler's graph and store; a spawned one builds them from the spec. The step's
+    decorators act through their hooks (stoker.features.hooks): started, the step's call decorated, post_step or
+    exception, finished (before the manifest is stored).
     """
     store = store or open_store(spec.store_url or None)
     graph = graph or FlowGraph(flow_cls)
     node = graph[spec.step]
     func = getattr(flow_cls, spec.step)
     started = time.time()
-    loader = lambda desc: load_artifact(store, desc)  # noqa: E731
     parents = [read_manifest(store, spec.flow, spec.run_id, i["step"], i["task_id"], i["attempt"])
                for i in spec.inputs]
     _install_run_inputs(flow_cls)
     tmp = tempfile.mkdtemp(prefix=f"stoker-{spec.step}-{spec.task_id}-")
     term_cleanup = _remove_on_sigterm(tmp)
-    par = ParallelInfo(**spec.parallel) if spec.parallel else ParallelInfo()
-    current._set(flow_name=spec.flow, run_id=spec.run_id, step_name=spec.step, task_id=spec.task_id,
-                 retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
-                 username=spec.user, tags=_user_tags(flow_cls, spec.tags), tempdir=tmp, parallel=par,
-                 namespace=f"user:{spec.user}", store_url=store.url, max_attempts=spec.max_attempts,
-                 parameter_names=sorted(flow_cls._run_input_names()),  # as Metaflow: Configs too
-                 graph=lambda: graph_info(graph, flow_cls.__doc__))
-    if spec.parallel:
-        current._set(is_parallel=True)
-    current._set(**task_current(flow_cls, spec))  # @project: project_name, branch_name, ...
-    # the trainer in this task's (torchrun) children streams its metrics into this attempt's series
-    os.environ.update(metrics_task_env(store.url, spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt))
-    if spec.parallel:
-        os.environ.update(MF_PARALLEL_MAIN_IP=str(par.main_ip), MF_PARALLEL_NUM_NODES=str(par.num_nodes),
-                          MF_PARALLEL_NODE_INDEX=str(par.node_index), MF_PARALLEL_CONTROL_TASK_ID=str(par.control_task_id))
-    env = get_decorator(func, "environment")
-    if env:
-        os.environ.update(env.attributes["vars"])
-    if get_decorator(func, "torchrun"):
-        from .torchrun import TorchrunHelper
-
-        current._set(torch=TorchrunHelper.for_task(func, par))
-
-    if node.is_join:
-        inherited = dict(spec.run_inputs)
-        views = [_ArtifactView(m["artifacts"], loader, step=m["step"],
-                               foreach=_frames(m.get("foreach_stack") or [], store))
-                 for m in parents]
-        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=True)
-        call = lambda: func(flow, Inputs(views))  # noqa: E731
-    else:
-        inherited = dict(parents[0]["artifacts"]) if parents else {}
-        inherited.update(spec.run_inputs)
-        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=False)
-        call = lambda: func(flow)  # noqa: E731
-
-    call = with_secrets(func, call)  # @secrets: fetched just before the step, never stored
-    if get_decorator(func, "catch") and spec.attempt >= spec.max_attempts:  # @catch's fallback attempt
-        def call() -> None:
-            raise FailureHandledByCatch(spec.attempt)
+    par = _set_current(flow_cls, spec, store, graph, tmp)
+    ctx = TaskContext(spec=spec, flow_cls=flow_cls, func=func, node=node, store=store, tempdir=tmp, parallel=par)
+    hooks = TaskHooks(ctx)
+    hooks.started()
+    ctx.flow, call = _step_call(flow_cls, spec, store, node, func, parents)
+    call = hooks.decorate(call)
     _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
-    manifest: dict[str, Any] = spec.manifest_head(started)
-    code = 0
-    monitor = start_for_task(func, store, flow=spec.flow, run_id=spec.run_id, step=spec.step, task_id=spec.task_id,
-                             attempt=spec.attempt, node=par.node_index)  # @monitor: never fails the task
-    from ..cards.runtime import start_task_cards
-
-    cards = start_task_cards(func, spec, store)  # @card: current.card now; the final cards before the manifest
-    try:
-        with _timeout(func):
-            call()
-        catch = get_decorator(func, "catch")
-        if catch and catch.attributes["var"] and catch.attributes["var"] not in flow.__dict__:
-            object.__setattr__(flow, catch.attributes["var"], None)  # as Metaflow: None when nothing failed
-        manifest["next"] = _check_transition(flow, node, graph)
-    except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
-        catch = get_decorator(func, "catch")
-        exit_code = exit_code_for(exc)  # 75: preempted (retry and resume), 78: permanent (never retried)
-        permanent, preempted = exit_code == EXIT_PERMANENT, exit_code == EXIT_PREEMPTED
-        last_attempt = (spec.attempt + 1 >= spec.max_attempts or permanent) and not preempted
-        message, trace = _exception_text(exc)
-        if permanent and isinstance(exc, StokerError):  # one line: the error says what to fix
-            print(f"{type(exc).__name__}: {message}", file=sys.stderr)
-        else:
-            print(trace, end="", file=sys.stderr)  # traceback.print_exc(), without secrets
-        if catch and last_attempt and not isinstance(exc, KeyboardInterrupt) and node.kind not in ("foreach",
-                                                                                                    "parallel", "switch"):
-            var = catch.attributes["var"]
-            if var:
-                object.__setattr__(flow, var, CaughtException(exc))
-            manifest["catch_var"] = var
-            manifest["next"] = {"steps": list(node.out_funcs)}
-            print(f"@catch: step {spec.step} failed ({type(exc).__name__}: {message}); the flow continues"
-                  + (f" with the exception in self.{var}" if var else ""), file=sys.stderr)
-        else:
-            manifest["exception"] = {"type": type(exc).__name__, "message": message, "traceback": trace}
-            if permanent:
-                manifest["exception"]["permanent"] = True
-            if preempted:
-                manifest["exception"].update(preempted=True, resume_step=getattr(exc, "step", None))
-            code = exit_code if permanent or preempted else 1
-    artifacts = {k: v for k, v in flow.__dict__["_inherited"].items()}
+    ctx.manifest = manifest = spec.manifest_head(started)
+    code = _run_step(ctx, hooks, call, graph)
+    artifacts = dict(ctx.flow.__dict__["_inherited"])
     if code == 0:
-        try:
-            for name, value in flow._new_artifacts().items():
-                artifacts[name] = save_artifact(store, value, name=name)
-            var = (manifest.get("next") or {}).get("foreach_var")
-            if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
-                artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
-            _add_constants(flow_cls, artifacts, parents, store)
-        except Exception as exc:  # noqa: BLE001
-            message, trace = _exception_text(exc)
-            print(trace, end="", file=sys.stderr)
-            manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {message}",
-                                     "traceback": trace}
-            code = 1
-    monitor.stop()  # the last samples land before the manifest says the attempt is over
+        code = _save_artifacts(ctx, artifacts, parents)
     manifest.update(status="ok" if code == 0 else "failed", finished_at=time.time(), artifacts=artifacts)
     manifest.setdefault("exception", None)
-    cards.finish(artifacts, manifest)  # never raises; also on failure
+    hooks.finished()  # never raises; also on failure
     sys.stdout.flush()
     sys.stderr.flush()
     hand_over(seal(store.url, store_manifest(store, manifest)[1]))  # stored first: the store is the truth
-    after_task()
     shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
     if term_cleanup:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
 
 
+def _set_current(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, graph: FlowGraph,
+                 tmp: str) -> ParallelInfo:
+    """`current` of the task and the variables its children inherit; returns `current.parallel`."""
+    par = ParallelInfo(**spec.parallel) if spec.parallel else ParallelInfo()
+    current._set(flow_name=spec.flow, run_id=spec.run_id, step_name=spec.step, task_id=spec.task_id,
+                 retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
+                 username=spec.user, tags=set(spec.tags), tempdir=tmp, parallel=par,
+                 namespace=f"user:{spec.user}", store_url=store.url, max_attempts=spec.max_attempts,
+                 parameter_names=sorted(flow_cls._run_input_names()),  # as Metaflow: Configs too
+                 graph=lambda: graph_info(graph, flow_cls.__doc__))
+    if spec.parallel:
+        current._set(is_parallel=True)
+    # the trainer in this task's children (a launcher's ranks) streams its metrics into this attempt's series
+    os.environ.update(metrics_task_env(store.url, spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt))
+    if spec.parallel:
+        os.environ.update(MF_PARALLEL_MAIN_IP=str(par.main_ip), MF_PARALLEL_NUM_NODES=str(par.num_nodes),
+                          MF_PARALLEL_NODE_INDEX=str(par.node_index), MF_PARALLEL_CONTROL_TASK_ID=str(par.control_task_id))
+    return par
+
+
+def _step_call(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, node: Any, func: Any,
+               parents: list[dict]) -> tuple[FlowSpec, Any]:
+    """The FlowSpec instance the step runs on (its inputs loaded lazily) and the step's call."""
+    loader = lambda desc: load_artifact(store, desc)  # noqa: E731
+    if node.is_join:
+        inherited = dict(spec.run_inputs)
+        views = [_ArtifactView(m["artifacts"], loader, step=m["step"],
+                               foreach=_frames(m.get("foreach_stack") or [], store))
+                 for m in parents]
+        flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=True)
+        return flow, lambda: func(flow, Inputs(views))
+    inherited = dict(parents[0]["artifacts"]) if parents else {}
+    inherited.update(spec.run_inputs)
+    flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=False)
+    return flow, lambda: func(flow)
+
+
+def _run_step(ctx: TaskContext, hooks: TaskHooks, call: Any, graph: FlowGraph) -> int:
+    """Run the step; on an exception, print it and let the decorators handle it, else record it in the
+    manifest. Returns the exit code so far."""
+    spec, manifest = ctx.spec, ctx.manifest
+    try:
+        call()
+        hooks.post_step()
+        manifest["next"] = _check_transition(ctx.flow, ctx.node, graph)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
+        exit_code = exit_code_for(exc)  # 75: preempted (run again, resuming), 78: permanent (never again)
+        permanent, preempted = exit_code == EXIT_PERMANENT, exit_code == EXIT_PREEMPTED
+        ctx.last_attempt = (spec.attempt + 1 >= spec.max_attempts or permanent) and not preempted
+        message, trace = _exception_text(exc)
+        if permanent and isinstance(exc, StokerError):  # one line: the error says what to fix
+            print(f"{type(exc).__name__}: {message}", file=sys.stderr)
+        else:
+            print(trace, end="", file=sys.stderr)  # traceback.print_exc(), redacted
+        if hooks.exception(exc):  # the flow goes on
+            return 0
+        manifest["exception"] = {"type": type(exc).__name__, "message": message, "traceback": trace}
+        if permanent:
+            manifest["exception"]["permanent"] = True
+        if preempted:
+            manifest["exception"].update(preempted=True, resume_step=getattr(exc, "step", None))
+        return exit_code if permanent or preempted else 1
+
+
+def _save_artifacts(ctx: TaskContext, artifacts: dict[str, dict], parents: list[dict]) -> int:
+    """Store the step's new artifacts into `artifacts`; 1 (and the manifest says why) when that fails."""
+    flow, store = ctx.flow, ctx.store
+    try:
+        for name, value in flow._new_artifacts().items():
+            artifacts[name] = save_artifact(store, value, name=name)
+        var = (ctx.manifest.get("next") or {}).get("foreach_var")
+        if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
+            artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
+        _add_constants(ctx.flow_cls, artifacts, parents, store)
+        return 0
+    except Exception as exc:  # noqa: BLE001
+        message, trace = _exception_text(exc)
+        print(trace, end="", file=sys.stderr)
+        ctx.manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {message}",
+                                     "traceback": trace}
+        return 1
+
+
 def preload() -> None:
-    """Import what :func:`run_task` imports on first use (cards pull in ``platform``, ``uuid``, ``html``: ~10 ms)
-    and find the temp folder (``gettempdir`` writes a probe file), in a fork server before it forks its members:
-    once, instead of once per task."""
+    """Import what :func:`run_task` imports on first use (the hooks of every task: ~10 ms) and find the temp folder
+    (``gettempdir`` writes a probe file), in a fork server before it forks its members: once, instead of once per
+    task."""
     import faulthandler  # noqa: F401
 
-    from ..cards import runtime  # noqa: F401
+    from ..features.hooks import preload as preload_hooks
 
+    preload_hooks()
     tempfile.gettempdir()
 
 
@@ -257,21 +229,6 @@ def _add_constants(flow_cls: type[FlowSpec], artifacts: dict[str, dict], parents
                 continue
         if desc is not None:
             artifacts[name] = desc
-
-
-def _user_tags(flow_cls: type[FlowSpec], tags: list[str]) -> set[str]:
-    """`current.tags`, as Metaflow's: the run's user tags (`--tag`), not its system tags (@project's, which
-    come first in a spec); a user's own `project:x` tag stays."""
-    from ..flow.decorators import get_flow_decorator
-    from ..flow.project import BRANCH_TAG, PROJECT_TAG
-
-    rest = list(tags)
-    if get_flow_decorator(flow_cls, "project") is not None:
-        for prefix in (PROJECT_TAG, BRANCH_TAG):
-            first = next((t for t in rest if t.startswith(prefix)), None)
-            if first is not None:
-                rest.remove(first)
-    return set(rest)
 
 
 def _remove_on_sigterm(path: str) -> bool:
@@ -334,26 +291,6 @@ def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph) -> dict[str, 
     return out
 
 
-class _timeout:
-    """@timeout inside the task: SIGALRM raises StepTimeout so @retry and @catch can handle it."""
-
-    def __init__(self, func: Any) -> None:
-        d = get_decorator(func, "timeout")
-        self.seconds = d.total_seconds if d else 0
-
-    def __enter__(self) -> None:
-        if self.seconds > 0:
-            def fire(signum: int, frame: Any) -> None:
-                raise StepTimeout(f"step timed out after {self.seconds:g} s (@timeout); raise the limit or "
-                                  f"make the step faster")
-            signal.signal(signal.SIGALRM, fire)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.seconds > 0:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-
 def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str] | None = None) -> int:
     """`python flow.py _task SPEC.json`: the subprocess form of the entrypoint (Slurm, Batch, spawn)."""
     from ..flow.decorators import apply_with
@@ -363,3 +300,17 @@ def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str
     apply_with(flow_cls, spec.with_decorators)
     bind_task_configs(flow_cls, spec)  # config values in decorators, as the run bound them
     return run_task(flow_cls, spec)
+
+
+
+# artifacts stored before stoker.features existed pickled these classes under this module's name
+_MOVED = {"CaughtException": "stoker.features.catch", "FailureHandledByCatch": "stoker.features.catch",
+          "StepTimeout": "stoker.features.timeout"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -320,7 +320,7 @@ class TorchrunHelper:
         if not self.store_url:
             print("neuron cache: this task knows no store, so compiled graphs are not kept", flush=True)
             return None
-        from ..store.blob import open_store
+        from ..store.blobs import open_store
 
         store_url, prefix = self.store_url, self.neuron_cache
 

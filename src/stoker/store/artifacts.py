@@ -34,9 +34,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from stoker._hashing import CHUNK
 from stoker.errors import StoreError
 from stoker.redact import REDACTED, SECRET_ENV_PREFIX
-from stoker.store.blob import CHUNK, BlobStore
+from stoker.store.blobs import BlobStore
 from stoker.store.signing import check_owner
 
 log = logging.getLogger(__name__)
@@ -244,16 +245,16 @@ def save_artifact(store: BlobStore, obj: Any, *, name: str | None = None) -> dic
     base = {"type": type_name(obj), "repr": short_repr(obj)}
     if _raw_array_ok(obj):
         order = "F" if (obj.flags.f_contiguous and not obj.flags.c_contiguous) else "C"
-        key = store.put_stream(_array_chunks(obj))
+        key = store.put_blob_stream(_array_chunks(obj))
         return {"kind": "ndarray", **base, "type": "numpy.ndarray", "size": int(obj.nbytes), "sha": key,
                 "blobs": [key], "dtype": obj.dtype.str, "shape": list(obj.shape), "order": order}
     if type(obj) in (bytes, bytearray) and len(obj) > INLINE_MAX:
-        key = store.put_bytes(obj)
+        key = store.put_blob(obj)
         return {"kind": "bytes", **base, "size": len(obj), "sha": key, "blobs": [key]}
     torch = _torch_of(obj)
     if torch is not None and _tensor_raw_ok(obj, torch):
         raw = _tensor_bytes(obj)
-        key = store.put_stream(_chunks_of(raw))
+        key = store.put_blob_stream(_chunks_of(raw))
         return {"kind": "tensor", **base, "size": int(raw.nbytes), "sha": key, "blobs": [key],
                 **_tensor_meta(obj)}
     return _save_pickle(store, obj, base, name)
@@ -276,7 +277,7 @@ def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | N
         desc.update(sha=hashlib.sha256(body).hexdigest(), blobs=[], inline=base64.b64encode(body).decode())
         return desc
     packed, method = _maybe_compress(body)
-    body_key = store.put_bytes(packed)
+    body_key = store.put_blob(packed)
     desc.update(sha=body_key, blobs=[body_key], compression=method)
     if views:
         spans, off = [], 0
@@ -285,7 +286,7 @@ def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | N
             off = -(-(off + v.nbytes) // ALIGN) * ALIGN
         desc["buffers"] = spans
         desc["data_size"] = spans[-1][0] + spans[-1][1]
-        desc["blobs"].append(store.put_stream(_buffer_chunks(views)))
+        desc["blobs"].append(store.put_blob_stream(_buffer_chunks(views)))
     return desc
 
 
@@ -329,7 +330,7 @@ def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None =
         if kind == "secret":
             return load_secret(desc)
         if kind == "bytes":
-            data = store.get_bytes(desc["blobs"][0])
+            data = store.get_blob(desc["blobs"][0])
             return bytearray(data) if desc["type"] == "bytearray" else data
     except (KeyError, IndexError, TypeError) as e:
         raise StoreError(f"malformed artifact descriptor ({e!r}): {desc}") from e
@@ -340,7 +341,7 @@ def _load_pickle(store: BlobStore, desc: dict[str, Any], mmap: bool | None) -> A
     if "inline" in desc:
         body = base64.b64decode(desc["inline"])
     else:
-        packed = store.get_bytes(desc["blobs"][0])
+        packed = store.get_blob(desc["blobs"][0])
         if hashlib.sha256(packed).hexdigest() != desc["blobs"][0]:  # the signed manifest names this content
             raise StoreError(f"blob {desc['blobs'][0]} in {store.url} does not match its hash: it was corrupted "
                              f"or replaced; it is not unpickled. Re-run the step that produced it")

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from stoker.errors import StoreError
-from stoker.store.blob import BlobStore
+from stoker.store.blobs import BlobStore
 from stoker.store.signing import SIGNATURE, mark_owner, sign, unseal, verify
 
 STATUSES = ("ok", "failed")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .blob import BlobStore
+from .blobs import BlobStore
 from .manifest import run_prefix
 from .metadata import MetadataDB
 from .series import read_series, series_prefix

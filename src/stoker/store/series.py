@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .blob import BlobStore
+from .blobs import BlobStore
 from .manifest import run_prefix
 
 KINDS = ("metrics", "monitor")

@@ -13,11 +13,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Llama": "stoker.train.model", "LlamaConfig": "stoker.train.model",
-    "get_model_config": "stoker.train.configs", "MODEL_CONFIGS": "stoker.train.configs",
-    "ParallelDims": "stoker.train.parallel", "ParallelConfig": "stoker.train.parallel",
+    "Llama": "stoker.train.model", "LlamaConfig": "stoker.train.settings",
+    "get_model_config": "stoker.train.settings", "MODEL_CONFIGS": "stoker.train.settings",
+    "ParallelDims": "stoker.train.parallel", "ParallelConfig": "stoker.train.settings",
     "parallelize": "stoker.train.parallel",
-    "TrainConfig": "stoker.train.config", "load_config": "stoker.train.config",
+    "TrainConfig": "stoker.train.settings", "load_config": "stoker.train.config",
     "run_training": "stoker.train.trainer", "Trainer": "stoker.train.trainer",
     "Checkpointer": "stoker.train.checkpoint",
 }

@@ -7,7 +7,8 @@ with ``--config-format torchtitan``, see docs/from-torchtitan.md), ``--set secti
 --checkpoint-dir --resume-from --micro-batch-size --global-batch-size --out-dir``. Rank 0 prints a one-line
 summary (steps, final loss, tokens/s, time, checkpoint) and writes the full result as JSON to
 ``<out_dir>/result.json`` (and to ``--result-file PATH``); ``--json`` prints that JSON line instead of the
-summary, for scripts. Errors are printed without a traceback and exit non-zero.
+summary, for scripts. Errors are printed without a traceback and exit non-zero. ``--help`` lists every
+setting with its default and meaning (from :mod:`stoker.train.settings`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool]:
     while i < len(argv):
         arg = argv[i]
         if arg in ("-h", "--help"):
+            from stoker.train.settings import settings_help
+
             print(__doc__)
+            print(settings_help())
             raise SystemExit(0)
         if not arg.startswith("--"):
             raise ConfigError(f"unexpected argument {arg!r}; use --config FILE, --set key=value or --key value")

@@ -1,12 +1,15 @@
-"""Trainer configuration: dataclasses loadable from TOML, overridable with ``section.key=value``."""
+"""Reading a training configuration: a TOML file (stoker's or torchtitan's), ``section.key=value`` overrides and
+the short flags, each value type-checked, into a validated :class:`TrainConfig`.
+
+The settings themselves (one dataclass per section, with their help and checks) are defined in
+:mod:`stoker.train.settings`; their names are re-exported here for code that imports them from this module.
+Like that module, this one imports no torch."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,148 +19,22 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from stoker.errors import ConfigError
-from stoker.train.configs import get_model_config, with_overrides
-from stoker.train.model import LlamaConfig
-from stoker.train.parallel import ParallelConfig
+from stoker.train.settings import (  # noqa: F401  (re-exported: their home before stoker.train.settings)
+    SCHEDULES,
+    SECTIONS,
+    CheckpointSection,
+    DataSection,
+    LlamaConfig,
+    MetricsSection,
+    ModelSection,
+    OptimSection,
+    ParallelConfig,
+    TrainConfig,
+    TrainSection,
+    with_overrides,
+)
 
-SCHEDULES = ("cosine", "linear", "constant")
-
-
-@dataclass(kw_only=True)
-class ModelSection:
-    """``[model]``: a named config plus any :class:`LlamaConfig` field to override (``max_seq_len = 256``).
-    Without a name the shape is ``init_from``'s (a Hugging Face folder's config.json or a stoker
-    checkpoint's manifest), else ``tiny``."""
-
-    name: str = ""
-    overrides: dict[str, Any] = field(default_factory=dict)
-    init_from: str = ""  # start from these weights: a Hugging Face folder or a stoker checkpoint (fine-tuning)
-
-    def __post_init__(self) -> None:
-        if not self.name and not self.init_from:
-            self.name = "tiny"
-        self.resolve()  # validates the name and the overrides now
-
-    def resolve(self) -> LlamaConfig:
-        if self.init_from and not self.name:
-            from stoker.train.hf import source_model_config
-
-            return with_overrides(source_model_config(self.init_from), **self.overrides)
-        return get_model_config(self.name, **self.overrides)
-
-
-@dataclass(kw_only=True)
-class DataSection:
-    """``[data]``: ``url`` of a prepared ``stoker.data`` dataset or a flat token file (``.bin``/``.npy``)."""
-
-    url: str = ""
-    split: str = "train"
-    shuffle: bool = True
-    block_size: int = 0  # token files only: tokens per sample incl. the shifted target (0: max_seq_len + 1)
-    token_dtype: str = "uint16"  # token files (.bin) only
-
-    def __post_init__(self) -> None:
-        if self.block_size < 0:
-            raise ConfigError(f"data.block_size must be >= 0, got {self.block_size}")
-
-
-@dataclass(kw_only=True)
-class OptimSection:
-    """``[train]``: steps, batch, optimizer, schedule, clipping, seed, logging."""
-
-    steps: int = 100
-    micro_batch_size: int = 8
-    global_batch_size: int = 0  # sequences per optimizer step; 0: micro_batch_size x dp (no accumulation)
-    lr: float = 3e-4
-    min_lr: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    seed: int = 0
-    log_every: int = 10
-    accelerator: str = "auto"
-    stop_after: int = 0  # stop (with a checkpoint) once this step is reached; 0: run all steps
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"train.steps must be >= 1, got {self.steps}")
-        if self.micro_batch_size < 1:
-            raise ConfigError(f"train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.global_batch_size < 0:
-            raise ConfigError(f"train.global_batch_size must be >= 0, got {self.global_batch_size}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"train.schedule={self.schedule!r}; use one of {SCHEDULES}")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"need 0 <= train.min_lr <= train.lr and lr > 0 (lr={self.lr}, min_lr={self.min_lr})")
-        if self.stop_after < 0:
-            raise ConfigError(f"train.stop_after must be >= 0, got {self.stop_after}")
-        if self.warmup_steps < 0 or self.log_every < 1:
-            raise ConfigError("train.warmup_steps must be >= 0 and train.log_every >= 1")
-
-
-@dataclass(kw_only=True)
-class CheckpointSection:
-    """``[checkpoint]``: where and how often; ``resume`` = ``auto`` (latest in ``dir`` if any) or ``never``."""
-
-    dir: str = ""  # default: <out_dir>/checkpoints; a local path or an fsspec URL
-    every: int = 0  # steps between checkpoints (0: only at the end)
-    keep: int = 3
-    async_save: bool = False
-    save_final: bool = True
-    resume: str = "auto"
-    resume_from: str = ""  # a checkpoint (step_XXXXXXXX folder) or a checkpoint dir (its latest)
-
-    def __post_init__(self) -> None:
-        if self.resume not in ("auto", "never"):
-            raise ConfigError(f"checkpoint.resume={self.resume!r}; use 'auto' or 'never'")
-        if self.every < 0 or self.keep < 1:
-            raise ConfigError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
-
-
-@dataclass(kw_only=True)
-class MetricsSection:
-    """``[metrics]``: JSON lines file, TensorBoard (when installed), rich progress on rank 0."""
-
-    path: str = ""  # default: <out_dir>/metrics.jsonl
-    tensorboard: bool = True
-    progress: bool = True
-
-
-@dataclass(kw_only=True)
-class TrainConfig:
-    """The whole training configuration (``stoker.train``'s TOML file)."""
-
-    out_dir: str = "stoker-train"
-    model: ModelSection = field(default_factory=ModelSection)
-    data: DataSection = field(default_factory=DataSection)
-    train: OptimSection = field(default_factory=OptimSection)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    metrics: MetricsSection = field(default_factory=MetricsSection)
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return self.checkpoint.dir or str(Path(self.out_dir) / "checkpoints")
-
-    @property
-    def metrics_path(self) -> str:
-        return self.metrics.path or str(Path(self.out_dir) / "metrics.jsonl")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-
-_SECTIONS: dict[str, type] = {
-    "data": DataSection, "train": OptimSection, "parallel": ParallelConfig,
-    "checkpoint": CheckpointSection, "metrics": MetricsSection,
-}
+_SECTIONS: dict[str, type] = {k: v for k, v in SECTIONS.items() if k != "model"}  # [model] is read below
 # short top-level flags that flows and users pass (``--data URL --steps 200``)
 ALIASES = {
     "data": "data.url", "model": "model.name", "steps": "train.steps", "lr": "train.lr", "seed": "train.seed",
@@ -339,6 +216,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError("--config-format torchtitan needs --config FILE (a torchtitan TOML)")
     apply_overrides(raw, list(overrides or []))
     return from_dict(raw, source=source)
+
+
+def resolve_model(model: ModelSection) -> LlamaConfig:
+    """The model's shape: the named one with the overrides or, with ``init_from`` and no name, the source's (a
+    Hugging Face folder's config.json or a stoker checkpoint's manifest, read here) with the overrides."""
+    if model.init_from and not model.name:
+        from stoker.train.hf import source_model_config
+
+        return with_overrides(source_model_config(model.init_from), **model.overrides)
+    return model.resolve()
 
 
 def as_config(cfg: TrainConfig | dict[str, Any]) -> TrainConfig:

@@ -78,7 +78,7 @@ class StoreSink:
     def __init__(self, store_url: str, prefix: str, *, tb_prefix: str = "", tb_dir: Path | None = None,
                  tb_flush: Callable[[], None] | None = None, tb_before: dict[str, tuple[int, int]] | None = None,
                  interval: float = 5.0) -> None:
-        from stoker.store.blob import open_store
+        from stoker.store.blobs import open_store
 
         self.url, self.prefix, self.tb_prefix, self.tb_dir, self.tb_flush = store_url, prefix, tb_prefix, tb_dir, tb_flush
         self.warned = False

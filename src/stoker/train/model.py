@@ -5,7 +5,8 @@ rotate-half (Hugging Face / GPT-NeoX) convention so Hugging Face weights map one
 permutation. The model holds no parallelism: :func:`stoker.train.parallel.parallelize` applies tensor
 parallel, FSDP2, activation checkpointing and ``torch.compile`` afterwards. Attention reads the number
 of heads from the projection's output (``view(..., -1, head_dim)``) so a column-sharded ``wq`` just
-yields fewer local heads.
+yields fewer local heads. The shape, :class:`LlamaConfig`, is a setting: it is defined (torch-free, with the
+named shapes) in :mod:`stoker.train.settings` and re-exported here.
 
 Shape legend: B batch, T sequence, D model dim, H query heads, K kv heads, Hd head dim, F ffn dim,
 V vocabulary.
@@ -14,8 +15,6 @@ V vocabulary.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,68 +22,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from stoker.errors import ConfigError
+from stoker.train.settings import LlamaConfig  # the shape is a setting, defined torch-free there
 
-_ROPE_SCALING_KEYS = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-
-
-@dataclass(kw_only=True)
-class LlamaConfig:
-    """Shape of a Llama model. ``ffn_dim`` is the explicit SwiGLU hidden size."""
-
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    vocab_size: int
-    ffn_dim: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
-    max_seq_len: int = 2048
-    tie_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.dim % self.n_heads:
-            raise ConfigError(
-                f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads}); "
-                "pick n_heads so that dim / n_heads is the head dimension"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.n_kv_heads}) "
-                "for grouped-query attention"
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"the head dimension dim/n_heads = {self.head_dim} must be even for RoPE")
-        if self.rope_scaling is not None:
-            missing = _ROPE_SCALING_KEYS - set(self.rope_scaling)
-            if missing:
-                raise ConfigError(
-                    f"model.rope_scaling lacks {sorted(missing)}; give the Llama-3 keys {sorted(_ROPE_SCALING_KEYS)} "
-                    "or set rope_scaling to None"
-                )
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def num_params(self, *, include_embeddings: bool = True) -> int:
-        """Parameter count computed from the shape (no model needed)."""
-        d, hd = self.dim, self.head_dim
-        attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2
-        ffn = 3 * d * self.ffn_dim
-        per_layer = attn + ffn + 2 * d
-        emb = self.vocab_size * d
-        out = 0 if self.tie_embeddings else self.vocab_size * d
-        total = self.n_layers * per_layer + d + out
-        return total + emb if include_embeddings else total
+__all__ = ["Attention", "FeedForward", "Llama", "LlamaConfig", "RMSNorm", "TransformerBlock", "apply_rope",
+           "rope_cos_sin", "rope_inv_freq"]
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:

@@ -25,38 +25,16 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from stoker.errors import ConfigError
-from stoker.train.model import Llama, LlamaConfig
+from stoker.train.model import Llama
+from stoker.train.settings import (  # noqa: F401  ([parallel]'s settings, defined torch-free there; re-exported)
+    AC_MODES,
+    DP_MODES,
+    PRECISIONS,
+    LlamaConfig,
+    ParallelConfig,
+)
 
 log = logging.getLogger(__name__)
-
-DP_MODES = ("zero1", "fsdp", "ddp")
-AC_MODES = ("none", "full", "selective")
-PRECISIONS = ("fp32", "bf16")
-
-
-@dataclass(kw_only=True)
-class ParallelConfig:
-    """``[parallel]`` settings."""
-
-    tp: int = 1
-    dp: int = -1  # -1: world_size / tp
-    dp_mode: str = "zero1"
-    sequence_parallel: bool = False
-    activation_checkpoint: str = "none"
-    compile: bool = False
-    precision: str = "fp32"
-
-    def __post_init__(self) -> None:
-        if self.dp_mode not in DP_MODES:
-            raise ConfigError(f"parallel.dp_mode={self.dp_mode!r}; use one of {DP_MODES}")
-        if self.activation_checkpoint not in AC_MODES:
-            raise ConfigError(f"parallel.activation_checkpoint={self.activation_checkpoint!r}; use one of {AC_MODES}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"parallel.precision={self.precision!r}; use one of {PRECISIONS}")
-        if self.tp < 1:
-            raise ConfigError(f"parallel.tp must be >= 1, got {self.tp}")
-        if self.dp == 0 or self.dp < -1:
-            raise ConfigError(f"parallel.dp must be >= 1 or -1 (derive from the world size), got {self.dp}")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.errors import ConfigError
+from stoker.train.settings import get_model_config
 
 
 @dataclass(kw_only=True)
@@ -157,9 +158,28 @@ STOKER_NAMES = {"heads": "model.n_heads", "kv_heads": "model.n_kv_heads", "tp": 
                 "kv_replicator": "kv replication"}
 
 
-def stoker_train_plan(cfg: Mapping[str, Any], shape: Mapping[str, Any]) -> TrainPlan:
+SHAPE_KEYS = ("n_heads", "n_kv_heads", "max_seq_len")
+
+
+def model_shape(model: Mapping[str, Any]) -> dict[str, Any] | None:
+    """n_heads, n_kv_heads and max_seq_len of a [model] section: its named shape (stoker.train.settings, no torch
+    needed) with the section's own values over it; None when the shape is not known before training (a model
+    taken from `init_from` without a name). An unknown name is a ConfigError listing the named shapes."""
+    given = {k: model[k] for k in SHAPE_KEYS if k in model}
+    name = model.get("name")
+    if name and len(given) < len(SHAPE_KEYS):
+        base = get_model_config(str(name)).to_dict()
+        given = {**{k: base[k] for k in SHAPE_KEYS}, **given}
+    return given if "n_heads" in given and "max_seq_len" in given else None
+
+
+def stoker_train_plan(cfg: Mapping[str, Any], shape: Mapping[str, Any] | None = None) -> TrainPlan | None:
     """The plan of the pipeline config `cfg` ([data], [cluster], [train], [parallel]) for a model of `shape`
-    (n_heads, n_kv_heads, max_seq_len)."""
+    (n_heads, n_kv_heads, max_seq_len; default: :func:`model_shape` of `cfg`'s [model]). None when the shape is
+    not known before training."""
+    shape = model_shape(cfg.get("model") or {}) if shape is None else shape
+    if shape is None:
+        return None
     train, par, cluster, data = (cfg.get(k) or {} for k in ("train", "parallel", "cluster", "data"))
     gbs = int(train.get("global_batch_size") or 0)
     return TrainPlan(heads=int(shape["n_heads"]), kv_heads=int(shape.get("n_kv_heads") or shape["n_heads"]),

@@ -1,5 +1,5 @@
 """Read a torchtitan ``JobConfig`` TOML (``[job] [model] [optimizer] [lr_scheduler] [training] [parallelism]
-[checkpoint] ...``) as a stoker :class:`~stoker.train.config.TrainConfig`.
+[checkpoint] ...``) as a stoker :class:`~stoker.train.settings.TrainConfig`.
 
 ``python -m stoker.train --config llama3_debug.toml`` detects the format by its sections (or take
 ``--config-format torchtitan``). Every torchtitan key is in :data:`SPEC` with what stoker does with it:

@@ -33,13 +33,14 @@ from torch.distributed.checkpoint.state_dict import (
 
 from stoker.errors import CheckpointError, ConfigError, DataError, Preempted, TrainingError
 from stoker.train.checkpoint import Checkpointer, load_trainer_state, resolve_resume, rng_state, set_rng_state
-from stoker.train.config import TrainConfig, as_config
+from stoker.train.config import as_config, resolve_model
 from stoker.train.data_source import make_loader, open_training_data
 from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
 from stoker.train.optim import LRSchedule, align_grads, allreduce_grads, build_optimizer, clip_grad_norm
 from stoker.train.optim_state import flat_state, set_step
 from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
+from stoker.train.settings import TrainConfig
 from stoker.train.zero import Zero1AdamW, init_adamw_state
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.dims = ParallelDims(dp=cfg.parallel.dp, tp=cfg.parallel.tp, world_size=self.world_size)
-        self.model_cfg = cfg.model.resolve()
+        self.model_cfg = resolve_model(cfg.model)
 
         # data first: a missing dataset should fail before anything big is built
         block = cfg.data.block_size or self.model_cfg.max_seq_len + 1

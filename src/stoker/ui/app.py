@@ -22,7 +22,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stoker.store.blob import BlobStore
+from stoker.store.blobs import BlobStore
 from stoker.store.metadata import MetadataDB
 
 from . import api, pages

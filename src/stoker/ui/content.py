@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.store.artifacts import load_artifact
-from stoker.store.blob import BlobStore, check_name
+from stoker.store.blobs import BlobStore, check_name
 from stoker.store.manifest import artifact_descriptor, log_name, read_manifest, run_prefix
 from stoker.store.metadata import MetadataDB
 from stoker.store.series import chunk_seq, decode_chunk

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoker.store.blob import BlobStore
+from stoker.store.blobs import BlobStore
 from stoker.store.manifest import read_run_record, run_prefix
 from stoker.store.metadata import MetadataDB
 from stoker.store.records import AttemptRecord, RunRecord

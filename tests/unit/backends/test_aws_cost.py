@@ -9,7 +9,9 @@ from stoker.backends.aws.cost import cost_headline, run_cost
 from stoker.errors import ConfigError
 from stoker.runtime.executor import JobRef
 from stoker.runtime.jobs import job_record_name
-from stoker.store import LocalBlobStore, MetadataDB, open_store, write_manifest
+from stoker.store import MetadataDB, open_store
+from stoker.store.blobs import LocalBlobStore
+from stoker.store.manifest import write_manifest
 from stoker.store.paths import current_user, default_db_path
 
 T0 = 1_700_000_000.0

@@ -15,7 +15,7 @@ from stoker.cards.runtime import start_task_cards
 from stoker.cards.store import list_cards
 from stoker.errors import ConfigError
 from stoker.flow.current import current
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 
 
 @pytest.fixture(autouse=True)

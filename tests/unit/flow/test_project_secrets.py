@@ -11,17 +11,11 @@ import pytest
 
 from stoker import Config, FlowSpec, config_expr, environment, project, resources, retry, secrets, step
 from stoker.errors import ConfigError
+from stoker.features.secrets import install_secrets, remove_secrets
 from stoker.flow.configs import DelayEvaluator, bind_configs
 from stoker.flow.decorators import get_decorator, get_flow_decorator
 from stoker.flow.project import format_name, project_from_tags, project_info
-from stoker.flow.secrets import (
-    SecretsError,
-    SecretSpec,
-    aws_secrets_manager_provider,
-    get_secret,
-    install_secrets,
-    remove_secrets,
-)
+from stoker.flow.secrets import SecretsError, SecretSpec, aws_secrets_manager_provider, get_secret
 from stoker.redact import redact_text
 
 

@@ -28,7 +28,7 @@ from stoker.monitor.samplers import (
     parse_neuron_report,
     visible_gpu_indices,
 )
-from stoker.store import LocalBlobStore
+from stoker.store.blobs import LocalBlobStore
 from stoker.store.series import read_series, series_prefix
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "neuron_monitor"

@@ -1,5 +1,6 @@
 """A misspelt training setting in the pipeline config fails before any task starts (issue 13): one line naming
-the key and the nearest valid one, no retries, no traceback; the torch-free key lists match stoker.train's."""
+the key and the nearest valid one, no retries, no traceback; the key lists are stoker.train's settings' fields
+(stoker.train.settings, torch-free), and so are the checks of the values."""
 
 from __future__ import annotations
 
@@ -12,16 +13,44 @@ import pytest
 
 from stoker.errors import ConfigError
 from stoker.flow.parameters import load_config_file
-from stoker.recipes.llama_pretrain import DEFAULT_CONFIG, SETTINGS, check_train_settings, valid_settings
+from stoker.recipes.llama_pretrain import (
+    DEFAULT_CONFIG,
+    check_train_plan,
+    check_train_settings,
+    check_train_values,
+    valid_settings,
+)
+from stoker.train.settings import CheckpointSection, LlamaConfig, ModelSection, ParallelConfig, TrainSection
 from tests.helpers import EXAMPLES, ROOT
 
 
 def test_the_key_lists_are_stoker_trains_dataclass_fields():
-    import importlib
+    def names(*classes):
+        return {f.name for cls in classes for f in dataclasses.fields(cls)}
 
-    for section, (module, cls) in SETTINGS.items():
-        real = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
-        assert real <= valid_settings()[section], section
+    assert valid_settings() == {"model": names(ModelSection, LlamaConfig), "train": names(TrainSection),
+                                "parallel": names(ParallelConfig), "checkpoint": names(CheckpointSection)}
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("train", "schedule", "cosin", "train.schedule='cosin'; use one of ('cosine', 'linear', 'constant')"),
+    ("train", "steps", "ten", "train.steps='ten': expected an integer (in the pipeline config)"),
+    ("parallel", "dp_mode", "zero3", "parallel.dp_mode='zero3'; use one of ('zero1', 'fsdp', 'ddp')"),
+    ("model", "name", "llama9", "unknown model config 'llama9'"),
+])
+def test_a_bad_value_fails_with_stoker_trains_message(section, key, value, message):
+    cfg = load_config_file(DEFAULT_CONFIG)
+    cfg[section][key] = value
+    with pytest.raises(ConfigError) as e:
+        check_train_values(cfg)
+    assert message in str(e.value)
+
+
+def test_a_fine_tuned_model_is_checked_when_its_shape_is_known():
+    cfg = load_config_file(DEFAULT_CONFIG)
+    cfg["model"] = {"init_from": "s3://bucket/Llama-2-7b-hf"}  # its shape is read when training starts
+    check_train_values(cfg)
+    check_train_plan(cfg)
 
 
 def test_shipped_configs_pass():

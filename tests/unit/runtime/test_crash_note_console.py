@@ -47,7 +47,7 @@ def test_dead_task_last_line_and_crash_note_reach_the_console(tmp_path, monkeypa
     err = [text for stream, text in shown if stream == "stderr"]
     assert "last words" in err, shown
     assert any(text.startswith("Task failed") and "SIGKILL" in text for text in err), shown
-    from stoker.store import Run
+    from stoker.client import Run
 
     log = Run(f"DiesFlow/{result.run_id}", _namespace_check=False)["start"].task.stderr
     assert log.splitlines()[0] == "last words" and "SIGKILL" in log.splitlines()[1], log

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from stoker.client.namespaces import NotFound
 from stoker.flow.current import current
 from stoker.store import MetadataDB
-from stoker.store.namespaces import NotFound
 
 
 def test_a_task_not_yet_indexed_indexes_itself(tmp_path, monkeypatch):

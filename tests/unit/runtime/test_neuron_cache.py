@@ -20,7 +20,7 @@ import pytest
 
 from stoker.errors import StoreError
 from stoker.runtime import neuron_cache as nc
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 
 VER = "neuronxcc-2.14.213.0+013d129b"
 

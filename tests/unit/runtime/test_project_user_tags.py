@@ -44,7 +44,7 @@ def test_user_tag_named_like_a_project_tag(tmp_path, monkeypatch):
     result = start_run(mod.TagProjectFlow, lambda step: backend, params={}, quiet=True, max_workers=2,
                        tags=["project:other", "project_branch:x", "plain"])
     assert result.status == "succeeded", result.failures
-    from stoker.store import Run
+    from stoker.client import Run
 
     data = Run(f"TagProjectFlow/{result.run_id}", _namespace_check=False)["start"].task.data
     assert (data.project, data.branch) == ("real", "user.alice")

@@ -14,7 +14,7 @@ from stoker.runtime.node import member_spec
 from stoker.runtime.nodeenv import expand_hostlist, node_identity, port_for_job
 from stoker.runtime.package import build_package, stage_package, unpack_package
 from stoker.runtime.spec import TaskSpec
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 
 
 def test_hostlists_expand_like_slurm():

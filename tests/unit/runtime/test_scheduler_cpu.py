@@ -20,7 +20,7 @@ from stoker.runtime import scheduler as scheduler_mod
 from stoker.runtime.launch import start_run
 from stoker.runtime.output import TaskOutput
 from stoker.store import signing
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
 from tests.helpers import FLOWS
 

@@ -16,7 +16,7 @@ from stoker.flow.graph import FlowGraph
 from stoker.runtime.executor import Capabilities
 from stoker.runtime.queue import STATES, TaskIndex
 from stoker.runtime.scheduler import Scheduler, Task
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
 from tests.helpers import run_flow
 

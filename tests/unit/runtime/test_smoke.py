@@ -7,7 +7,7 @@ import pytest
 from stoker.errors import ConfigError
 from stoker.runtime import smoke
 from stoker.runtime.torchrun import TorchrunHelper, _flag_values
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 
 
 def test_gangs_are_capped_only_in_a_smoke_run(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,7 @@ import pytest
 from stoker.flow.graph import FlowGraph
 from stoker.runtime.output import TaskOutput
 from stoker.runtime.scheduler import Scheduler
-from stoker.store.blob import open_store
+from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
 from tests.helpers import FLOWS
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from stoker.store import LocalBlobStore, MetadataDB, open_store, save_artifact, write_manifest
-from stoker.store.manifest import log_name
+from stoker.store import MetadataDB, open_store, save_artifact
+from stoker.store.blobs import LocalBlobStore
+from stoker.store.manifest import log_name, write_manifest
 from stoker.store.paths import default_db_path
 
 
@@ -84,7 +85,7 @@ def maker_default(_stoker_home):
 @pytest.fixture(autouse=True)
 def _fresh_namespace(monkeypatch):
     """Each test starts in the default namespace (the client keeps it in a module global)."""
-    from stoker.store import namespaces
+    from stoker.client import namespaces as namespaces
 
     monkeypatch.setattr(namespaces, "_namespace", namespaces._UNSET)
     monkeypatch.setenv("USER", "alice")

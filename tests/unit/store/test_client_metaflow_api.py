@@ -8,9 +8,11 @@ from datetime import datetime
 
 import pytest
 
+from stoker.client import Flow, Metadata, Run
+from stoker.client import base as client_base
+from stoker.client.base import TaskException, default_metadata, get_metadata, metadata
 from stoker.errors import ConfigError, StoreError
-from stoker.store import Flow, Metadata, Run, client_base, write_manifest
-from stoker.store.client_base import TaskException, default_metadata, get_metadata, metadata
+from stoker.store.manifest import write_manifest
 from stoker.store.records import check_tag
 
 
@@ -128,7 +130,7 @@ def test_running_attempt_is_listed_unfinished(maker):
 
 def test_tag_cli_list_and_errors(lineage, capsys, monkeypatch):
     from stoker.cli import tag as tag_cli
-    from stoker.store import namespaces
+    from stoker.client import namespaces as namespaces
 
     monkeypatch.setattr(namespaces, "default_db", lambda: lineage.db)
     monkeypatch.setattr(client_base, "default_db", lambda: lineage.db)

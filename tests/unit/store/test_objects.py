@@ -1,4 +1,4 @@
-"""The one object-store layer (stoker.store.objects*): local folders, S3 (moto's server on loopback, a real
+"""The one object-store layer (stoker.store.objects): local folders, S3 (moto's server on loopback, a real
 HTTP S3 API) and fsspec's memory filesystem behave alike; large objects move as parallel parts."""
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def test_configuration_comes_from_the_environment(monkeypatch):
 
 @pytest.mark.aws
 def test_the_client_honours_endpoint_and_profile(aws, monkeypatch, tmp_path):
-    from stoker.store.objects_s3 import s3_client
+    from stoker.store.objects.s3 import s3_client
 
     client = s3_client(StoreError, "test", TransferConfig.from_env())
     assert client.meta.endpoint_url == aws.endpoint

@@ -1,4 +1,4 @@
-"""The sha256 computed while a download's parts land out of order (stoker.store.prefix_hash), and the S3 store
+"""The sha256 computed while a download's parts land out of order (stoker.store.objects.prefix_hash), and the S3 store
 using it: get_file / get_buffer verify without a second pass over the object, a wrong size is refused after
 the first GET."""
 
@@ -12,9 +12,9 @@ import threading
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import objects_base
 from stoker.store.objects import MiB, TransferConfig, open_objects
-from stoker.store.prefix_hash import PrefixHash
+from stoker.store.objects import base as objects_base
+from stoker.store.objects.prefix_hash import PrefixHash
 
 
 def test_spans_landing_in_any_order_from_many_threads():
@@ -71,7 +71,7 @@ def test_s3_downloads_are_verified_on_the_way(aws, tmp_path, monkeypatch):
     def no_second_pass(path):
         raise AssertionError(f"{path} was hashed again after the download")
 
-    monkeypatch.setattr(objects_base, "sha256_of", no_second_pass)
+    monkeypatch.setattr(objects_base, "sha256_file", no_second_pass)
     store.get_file("big", tmp_path / "big", sha256=digest)
     assert (tmp_path / "big").read_bytes() == data
     assert bytes(store.get_buffer("big", sha256=digest, size=len(data))) == data

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from stoker.store import LocalBlobStore
+from stoker.store.blobs import LocalBlobStore
 from stoker.store.series import SeriesWriter, read_series, series_prefix
 
 

@@ -171,7 +171,7 @@ def test_unknown_kind_and_malformed_descriptor(store):
 
 def test_importing_the_store_never_imports_torch():
     code = ("import sys, numpy as np; import stoker.store as s; from stoker.store import save_artifact, "
-            "load_artifact, LocalBlobStore; import tempfile; st = LocalBlobStore(tempfile.mkdtemp()); "
+            "load_artifact, open_store; import tempfile; st = open_store(tempfile.mkdtemp()); "
             "load_artifact(st, save_artifact(st, {'a': np.ones(3)})); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

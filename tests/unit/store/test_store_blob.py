@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import LocalBlobStore, open_store
+from stoker.store import open_store
+from stoker.store.blobs import LocalBlobStore
 from stoker.store.paths import default_db_path, default_store_url, home_dir
 
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import LocalBlobStore
+from stoker.store.blobs import LocalBlobStore
 
 
 def _tear(path) -> None:

@@ -7,8 +7,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from stoker.errors import StoreError
-from stoker.store import (
+from stoker.client import (
     DataArtifact,
     Flow,
     Metaflow,
@@ -21,6 +20,7 @@ from stoker.store import (
     get_namespace,
     namespace,
 )
+from stoker.errors import StoreError
 
 FOREACH = [{"step": "start", "var": "items", "index": i, "num_splits": 3, "value_repr": repr(v)}
            for i, v in enumerate("abc")]

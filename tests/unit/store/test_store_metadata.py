@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import (
-    MetadataDB,
+from stoker.store import MetadataDB
+from stoker.store.manifest import (
     clone_manifest,
     latest_manifest,
     read_manifest,

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from stoker.errors import StoreError
-from stoker.store import load_artifact, open_store, read_manifest, save_artifact, write_manifest
-from stoker.store.s3 import S3BlobStore
+from stoker.store import load_artifact, open_store, save_artifact
+from stoker.store.blobs import S3BlobStore
+from stoker.store.manifest import read_manifest, write_manifest
 
 pytestmark = pytest.mark.aws
 

@@ -63,7 +63,7 @@ def test_a_torn_cached_copy_is_detected_and_downloaded_again(s3, tmp_path, caplo
     os.chmod(path, 0o644)
     with open(path, "r+b") as f:  # a power cut (the cache is not fsynced) or a full disk tore it
         f.truncate(1000)
-    with caplog.at_level(logging.WARNING, logger="stoker.store.s3"):
+    with caplog.at_level(logging.WARNING, logger="stoker.store.blobs"):
         assert s3.get_bytes(key) == data  # not the torn 1000 bytes
     assert key in caplog.text and "damaged" in caplog.text
     with open(path, "ab") as f:  # too long this time

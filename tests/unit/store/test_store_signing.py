@@ -14,10 +14,17 @@ import stat
 import numpy as np
 import pytest
 
+from stoker.client import Task
 from stoker.errors import StoreError
-from stoker.store import LocalBlobStore, load_artifact, read_manifest, read_run_record, write_run_record
-from stoker.store.client import Task
-from stoker.store.manifest import manifest_name, run_record_name
+from stoker.store import load_artifact
+from stoker.store.blobs import LocalBlobStore
+from stoker.store.manifest import (
+    manifest_name,
+    read_manifest,
+    read_run_record,
+    run_record_name,
+    write_run_record,
+)
 from stoker.store.signing import key_path
 
 

@@ -38,8 +38,8 @@ def cfg(out: Path, tokens: Path, **sections) -> dict:
 def weights(ckpt: str) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
 
-    from stoker.train.configs import get_model_config
     from stoker.train.model import Llama
+    from stoker.train.settings import get_model_config
 
     state = {"model": Llama(get_model_config("tiny")).state_dict()}
     dcp.load(state, checkpoint_id=ckpt)

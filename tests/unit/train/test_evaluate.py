@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from stoker.train.configs import get_model_config
 from stoker.train.evaluate import generate
 from stoker.train.model import Llama
+from stoker.train.settings import get_model_config
 
 
 def test_greedy_top_k_and_seeded_sampling():

@@ -207,7 +207,7 @@ def test_bad_inputs(tmp_path):
 
 
 def test_every_named_config_round_trips_through_the_hf_config():
-    from stoker.train.configs import MODEL_CONFIGS
+    from stoker.train.settings import MODEL_CONFIGS
 
     for name, cfg in MODEL_CONFIGS.items():
         hf = to_hf_config(cfg)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.store.blob import LocalBlobStore
+from stoker.store.blobs import LocalBlobStore
 from stoker.store.metadata import MetadataDB
 from stoker.store.metrics import ENV_INTERVAL, task_env, tensorboard_prefix
 from stoker.store.series import read_series, series_prefix
@@ -184,7 +184,7 @@ def test_retries_and_a_resumed_run_continue_the_curve(tmp_path, tokens, monkeypa
     run_training(cfg(tmp_path / "two", tokens))  # the retry resumes from run 2's own checkpoint at step 4
     db.ingest_manifest(manifest("2", "9", 1, "ok"))
 
-    from stoker.store.client import Run, Task
+    from stoker.client import Run, Task
 
     kw = {"db": db, "store": store}
     records = Task("F/2/train/9", **kw).metrics

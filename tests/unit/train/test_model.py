@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from stoker.errors import ConfigError
-from stoker.train.configs import MODEL_CONFIGS, get_model_config
 from stoker.train.model import Llama, LlamaConfig
+from stoker.train.settings import MODEL_CONFIGS, get_model_config
 
 torch.set_num_threads(1)
 

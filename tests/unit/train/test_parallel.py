@@ -20,8 +20,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from stoker.errors import CheckpointError
-from stoker.train.configs import get_model_config
 from stoker.train.model import Llama
+from stoker.train.settings import get_model_config
 from stoker.train.trainer import run_training
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from stoker.errors import ConfigError
 from stoker.train.config import load_config
-from stoker.train.configs import get_model_config
+from stoker.train.settings import get_model_config
 from stoker.train.torchtitan import FLAVORS, SPEC, convert, is_torchtitan, is_torchtitan_key
 
 ROOT = Path(__file__).resolve().parents[3]

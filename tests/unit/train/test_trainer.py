@@ -15,9 +15,9 @@ import torch
 from stoker.errors import ConfigError, DataError, TrainingError
 from stoker.train.__main__ import parse_args
 from stoker.train.config import from_dict, load_config
-from stoker.train.configs import get_model_config
 from stoker.train.optim import lr_at
 from stoker.train.parallel import ParallelDims
+from stoker.train.settings import get_model_config
 from stoker.train.trainer import run_training
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
 from stoker.store.artifacts import save_artifact  # noqa: E402
-from stoker.store.blob import LocalBlobStore  # noqa: E402
+from stoker.store.blobs import LocalBlobStore  # noqa: E402
 from stoker.store.manifest import log_name, write_manifest  # noqa: E402
 from stoker.store.metadata import MetadataDB  # noqa: E402
 from stoker.store.series import SeriesWriter, series_prefix  # noqa: E402

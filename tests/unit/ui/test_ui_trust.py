@@ -16,7 +16,7 @@ pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
 from stoker.store.artifacts import save_artifact  # noqa: E402
-from stoker.store.blob import LocalBlobStore  # noqa: E402
+from stoker.store.blobs import LocalBlobStore  # noqa: E402
 from stoker.store.manifest import write_manifest  # noqa: E402
 from stoker.store.metadata import MetadataDB  # noqa: E402
 from stoker.ui import content  # noqa: E402

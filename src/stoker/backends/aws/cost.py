@@ -22,7 +22,7 @@ from typing import Any
 
 from ...runtime.executor import JobRef
 from ...runtime.jobs import jobs_prefix
-from ...store.blob import BlobStore
+from ...store.blobs import BlobStore
 from ...store.manifest import run_prefix
 from .instances import price_per_hour
 
@@ -216,7 +216,7 @@ def run_cost(store: BlobStore, flow: str, run_id: str, now: float | None = None)
 def cost_headline(store_url: str, flow: str, run_id: str) -> str:
     """`run_cost(...).headline()` for a summary that must not fail: the reason instead when it cannot tell."""
     from ...errors import StokerError
-    from ...store.blob import open_store
+    from ...store.blobs import open_store
 
     try:
         return run_cost(open_store(store_url), flow, run_id).headline()

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from ...errors import ConfigError
-from ...flow.decorators import StepDecorator, _make, register_decorator
+from ...flow.decorators import StepDecorator, make_step_decorator
 
 RESOURCE_DEFAULTS = {"cpu": 1, "memory": 4096, "gpu": 0}
 COUNTS = ("cpu", "gpu", "memory", "trainium", "inferentia", "efa", "shared_memory", "max_swap", "swappiness",
@@ -94,5 +94,4 @@ def node_resources(options: dict[str, Any], resources: dict[str, Any]) -> dict[s
     return out
 
 
-register_decorator(BatchDecorator)
-batch = _make(BatchDecorator)
+batch = make_step_decorator(BatchDecorator)  # registered for --with batch:...

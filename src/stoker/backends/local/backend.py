@@ -78,6 +78,19 @@ class LocalBackend(Backend):
         what to import before forking members (once in the fork server, not once per member)."""
         self.entry, self.preload = entry, preload
 
+    def start_early(self) -> None:
+        """Start the run's reaper and fork server now rather than at the first member (a run calls it once its
+        flow class, store and graph are final): their start-up (the server's ``preload``) then runs on another
+        core while the scheduler registers the run and plans its first pass, instead of before the first task.
+        A no-op in the other modes, unbound, or once started; ``close()`` stops both as always."""
+        if self.mode != "forkserver" or self.entry is None or self.server is not None:
+            return
+        if self.reaper is None:  # first, as at a first submit: the server closes the run's end of its pipe
+            self.reaper = Reaper(kill_grace())
+        if self.results is None:
+            self._open_results()  # before the server, which inherits the members' end
+        self._server()
+
     def capabilities(self) -> Capabilities:
         from ...monitor.host import local_gpu_count
 

@@ -163,7 +163,11 @@ class ForkServer:
         while time.time() < deadline:
             if os.waitpid(self.pid, os.WNOHANG)[0]:
                 break
-            time.sleep(0.005)
+            if self.alive:  # its report, then its end of file as it exits, wake this loop
+                select.select([self.rep], [], [], 0.05)
+                self.pump()
+            else:
+                time.sleep(0.001)
         else:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from ...errors import ConfigError
-from ...flow.decorators import StepDecorator, _make, register_decorator
+from ...flow.decorators import StepDecorator, make_step_decorator
 
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 _TIME = re.compile(r"^(?:(\d+)-(\d{1,2})(?::(\d{1,2}))?(?::(\d{1,2}))?|(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?)$")
@@ -121,5 +121,4 @@ class SlurmDecorator(StepDecorator):
         self.attributes["time"] = str(v).strip()
 
 
-register_decorator(SlurmDecorator)
-slurm = _make(SlurmDecorator)
+slurm = make_step_decorator(SlurmDecorator)  # registered for --with slurm:...

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-from stoker.store.blob import BlobStore
-from stoker.store.client_base import Metadata
+from stoker.client.base import Metadata
+from stoker.store.blobs import BlobStore
 from stoker.store.manifest import read_run_record
 
-Task = Any  # a stoker.store.client.Task (not imported: client imports this module)
+Task = Any  # a stoker.client.Task (not imported: client imports this module)
 
 STREAMS = ("stdout", "stderr")
 

@@ -10,15 +10,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from stoker.client.namespaces import NotFound, default_db, default_store
 from stoker.errors import ConfigError, StoreError
 from stoker.store.artifacts import load_artifact
-from stoker.store.blob import BlobStore, open_store
+from stoker.store.blobs import BlobStore, open_store
 from stoker.store.metadata import MetadataDB
-from stoker.store.namespaces import NotFound, default_db, default_store
 from stoker.store.paths import home_dir
 from stoker.store.records import ArtifactRecord
 
-Task = Any  # a stoker.store.client.Task (not imported: client imports this module)
+Task = Any  # a stoker.client.Task (not imported: client imports this module)
 
 _MISSING = object()
 _home: Path | None = None  # set by metadata(): the stoker home the client reads instead of the default one

@@ -19,8 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from stoker.errors import StokerError, StoreError
-from stoker.store.objects_base import MiB, ObjectInfo, ObjectStore, TransferConfig, Upload, check_object_key
-from stoker.store.prefix_hash import PrefixHash
+from stoker.store.objects.base import MiB, ObjectInfo, ObjectStore, TransferConfig, Upload, check_object_key
+from stoker.store.objects.prefix_hash import PrefixHash
 
 _MAX_PARTS = 10_000  # S3's limit per multipart upload
 _CHUNK = 1 * MiB  # bytes per read of a streamed response
@@ -144,7 +144,8 @@ class S3Objects(ObjectStore):
         return None if head is None else int(head["ContentLength"])
 
     # --- small objects ----------------------------------------------------------------------------------
-    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
+    def put_bytes(self, key: str, data: bytes | memoryview, *, durable: bool = False,
+                  readonly: bool = False) -> None:
         view = memoryview(data).cast("B")
         if view.nbytes >= self.config.multipart_threshold:
             self._multipart(key, view.nbytes, lambda off, n: bytes(view[off:off + n]))
@@ -327,7 +328,8 @@ class S3Objects(ObjectStore):
     def open_write(self, key: str) -> Upload:
         return _StreamingUpload(self, key)
 
-    def put_file(self, key: str, path: str | os.PathLike) -> None:
+    def put_file(self, key: str, path: str | os.PathLike, *, durable: bool = False,
+                 readonly: bool = False) -> None:
         size = os.path.getsize(path)
         if size < self.config.multipart_threshold:
             with open(path, "rb") as f, self._errors("uploading", key):

@@ -7,7 +7,7 @@
 
 Objects read the metadata index and the blob store at their default locations (``$STOKER_HOME``)
 unless given ``db=`` and ``store=``; children share their parent's. Only runs in the current namespace
-(``user:$USER`` by default, see :mod:`stoker.store.namespaces`) are listed or opened.
+(``user:$USER`` by default, see :mod:`stoker.client.namespaces`) are listed or opened.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from stoker.store.blob import BlobStore
-from stoker.store.client_base import (
+from stoker.client.base import (
     ArtifactBase,
     ClientObject,
     Metadata,
@@ -28,16 +27,17 @@ from stoker.store.client_base import (
     dt_or_none,
     split_pathspec,
 )
-from stoker.store.client_lineage import (
+from stoker.client.lineage import (
     child_task_pathspecs,
     loglines,
     parent_task_pathspecs,
     run_graph,
     task_metadata,
 )
+from stoker.client.namespaces import NotFound, check_namespace, get_namespace
+from stoker.store.blobs import BlobStore
 from stoker.store.manifest import log_name
 from stoker.store.metadata import MetadataDB
-from stoker.store.namespaces import NotFound, check_namespace, get_namespace
 from stoker.store.records import ArtifactRecord, RunRecord, TaskRecord
 
 __all__ = ["DataArtifact", "Flow", "Metadata", "Metaflow", "Run", "Step", "Task", "TaskData", "TaskException"]
@@ -513,8 +513,6 @@ class DataArtifact(ArtifactBase):
     def __init__(self, pathspec: str, *, attempt: int | None = None, db: MetadataDB | None = None,
                  store: BlobStore | None = None, _namespace_check: bool = True) -> None:
         flow, run_id, step, task_id, name = split_pathspec(pathspec, 5, "artifact")
-        from stoker.store.client import Task
-
         task = Task(f"{flow}/{run_id}/{step}/{task_id}", attempt=attempt, db=db, store=store,
                     _namespace_check=_namespace_check)
         rec = next((r for r in task._records() if r.name == name), None)

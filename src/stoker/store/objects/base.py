@@ -1,5 +1,6 @@
-"""The object-store interface (:class:`ObjectStore`), its configuration (:class:`TransferConfig`) and the local
-folder implementation; :mod:`stoker.store.objects` opens a store of any kind (see its docstring)."""
+"""The object-store interface (:class:`ObjectStore`) and its configuration (:class:`TransferConfig`); the
+implementations are :mod:`.local`, :mod:`.s3` and :mod:`.fsspec_store`, and :func:`stoker.store.objects.open_objects`
+opens a store of any kind (see the package's docstring)."""
 
 
 from __future__ import annotations
@@ -8,8 +9,6 @@ import hashlib
 import io
 import os
 import re
-import shutil
-import tempfile
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stoker._hashing import sha256_file
 from stoker.errors import ConfigError, StokerError, StoreError
 
 MiB = 1 << 20
@@ -107,13 +107,6 @@ def check_object_key(key: str, error: type[StokerError] = StoreError) -> str:
     return key
 
 
-def sha256_of(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 class ObjectStore(ABC):
     """Objects under one root URL. Subclasses implement the primitives; transfers of many objects and
@@ -125,8 +118,12 @@ class ObjectStore(ABC):
 
     # --- primitives -----------------------------------------------------------------------------------
     @abstractmethod
-    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
-        """Create or replace object ``key`` (atomically: readers see the old or the new content)."""
+    def put_bytes(self, key: str, data: bytes | memoryview, *, durable: bool = False, readonly: bool = False) -> None:
+        """Create or replace object ``key`` (atomically: readers see the old or the new content).
+
+        ``durable``: the object survives a power cut once this returns (a local store fsyncs the file before it
+        is named and its folder after; a remote PUT that returned is durable anyway). ``readonly``: a local file
+        is made read-only (content that is never changed in place, such as a blob); remote stores ignore it."""
 
     @abstractmethod
     def try_get_bytes(self, key: str) -> bytes | None:
@@ -153,8 +150,15 @@ class ObjectStore(ABC):
         """``length`` bytes of ``key`` from offset ``start``."""
 
     @abstractmethod
-    def put_file(self, key: str, path: str | os.PathLike) -> None:
-        """Upload the local file ``path`` as ``key`` (in parallel parts when large)."""
+    def put_file(self, key: str, path: str | os.PathLike, *, durable: bool = False, readonly: bool = False) -> None:
+        """Upload the local file ``path`` as ``key`` (in parallel parts when large); ``durable`` and ``readonly``
+        as for :meth:`put_bytes`."""
+
+    def move_file(self, key: str, path: str | os.PathLike, *, durable: bool = False, readonly: bool = False) -> None:
+        """Like :meth:`put_file`, then the file ``path`` is gone (a local store renames it in, without a copy,
+        when it is on the same file system)."""
+        self.put_file(key, path, durable=durable, readonly=readonly)
+        os.unlink(path)
 
     @abstractmethod
     def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
@@ -202,7 +206,7 @@ class ObjectStore(ABC):
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.part"
         try:
             got = self._download(key, tmp, hashed=sha256 is not None)  # (a digest if it hashed on the way)
-            if sha256 is not None and (got := got or sha256_of(tmp)) != sha256:
+            if sha256 is not None and (got := got or sha256_file(tmp)) != sha256:
                 raise self.corrupt(key, got, sha256)
             os.replace(tmp, path)
         finally:
@@ -314,95 +318,3 @@ class BufferedUpload(Upload):
         with self._buf.getbuffer() as data:
             self._store.put_bytes(self.key, data)
         self._buf = io.BytesIO()
-
-
-class LocalObjects(ObjectStore):
-    """Objects as files under a local folder; every write is a temporary file renamed into place."""
-
-    def __init__(self, root: str | os.PathLike, *, error: type[StokerError] = StoreError,
-                 config: TransferConfig | None = None) -> None:
-        raw = os.fspath(root)
-        self.root = Path(raw[len("file://"):] if raw.startswith("file://") else raw).expanduser().resolve()
-        self.url = str(self.root)
-        self.error = error
-        self.config = config or TransferConfig.from_env()
-
-    @property
-    def local_root(self) -> Path | None:
-        return self.root
-
-    def path(self, key: str) -> Path:
-        return self.root / check_object_key(key, self.error) if key else self.root
-
-    def _failed(self, what: str, key: str, e: OSError) -> StokerError:
-        return self.error(f"{what} {self.path(key)} failed: {e.strerror or e}; check the folder exists, is writable "
-                          "and its disk has space")
-
-    def _write(self, key: str, fill: Callable[[str], None]) -> None:
-        dest = self.path(key)
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-            os.close(fd)
-        except OSError as e:
-            raise self._failed("writing", key, e) from None
-        try:
-            fill(tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-        except OSError as e:
-            raise self._failed("writing", key, e) from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
-        self._write(key, lambda tmp: Path(tmp).write_bytes(data))
-
-    def put_file(self, key: str, path: str | os.PathLike) -> None:
-        self._write(key, lambda tmp: shutil.copyfile(path, tmp))
-
-    def try_get_bytes(self, key: str) -> bytes | None:
-        try:
-            return self.path(key).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        try:
-            with open(self.path(key), "rb") as f:
-                f.seek(start)
-                return f.read(length)
-        except FileNotFoundError:
-            raise self.missing(key) from None
-
-    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
-        try:
-            shutil.copyfile(self.path(key), dest)
-            return None
-        except FileNotFoundError:
-            raise self.missing(key) from None
-
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
-        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
-        out = []
-        for dirpath, _, filenames in os.walk(base):
-            for name in filenames:
-                full = Path(dirpath) / name
-                key = full.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    st = full.stat()
-                    out.append(ObjectInfo(key, st.st_size, str(st.st_mtime_ns)))
-        return sorted(out, key=lambda o: o.key)
-
-    def size(self, key: str) -> int | None:
-        try:
-            return self.path(key).stat().st_size
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    def delete(self, key: str) -> None:
-        try:
-            self.path(key).unlink()
-        except FileNotFoundError:
-            pass

@@ -1,6 +1,6 @@
 """Object stores reached through fsspec: ``gs://`` (gcsfs), ``az://`` / ``abfs://`` (adlfs), ``memory://``
 and any other fsspec protocol whose driver is installed. ``s3://`` never comes here (boto3 serves it, see
-:mod:`stoker.store.objects_s3`). The only place stoker makes an fsspec filesystem (:func:`fsspec_filesystem`).
+:mod:`stoker.store.objects.s3`). The only place stoker makes an fsspec filesystem (:func:`fsspec_filesystem`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from stoker.errors import StokerError, StoreError
-from stoker.store.objects_base import ObjectInfo, ObjectStore, TransferConfig, check_object_key
+from stoker.store.objects.base import ObjectInfo, ObjectStore, TransferConfig, check_object_key
 
 
 def fsspec_filesystem(url: str, error: type[StokerError] = StoreError, **options: Any) -> tuple[Any, str]:
@@ -58,7 +58,8 @@ class FsspecObjects(ObjectStore):
             raise self.error(f"{self.url_of(key)}: {what} failed ({type(e).__name__}: {e}); check the URL and "
                              "your credentials for it") from None
 
-    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
+    def put_bytes(self, key: str, data: bytes | memoryview, *, durable: bool = False,
+                  readonly: bool = False) -> None:
         with self._errors("writing", key):
             self.fs.pipe_file(self.path(key), bytes(data))
 
@@ -75,7 +76,8 @@ class FsspecObjects(ObjectStore):
         with self._errors("reading", key):
             return self.fs.cat_file(self.path(key), start=start, end=start + length)
 
-    def put_file(self, key: str, path: str | os.PathLike) -> None:
+    def put_file(self, key: str, path: str | os.PathLike, *, durable: bool = False,
+                 readonly: bool = False) -> None:
         dest = self.path(key)
         with self._errors("uploading", key):
             if "/" in dest:

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from stoker.errors import StoreError
-from stoker.store.blob import BlobStore, open_store
+from stoker.store.blobs import BlobStore, open_store
 from stoker.store.metadata import MetadataDB
 from stoker.store.paths import current_user, default_db_path, default_store_url
 

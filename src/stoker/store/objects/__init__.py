@@ -1,6 +1,6 @@
-"""The one object-store layer: every package (blob store, datasets, corpora, checkpoints) reaches local
-folders, ``s3://`` (AWS, MinIO, any S3 API) and other fsspec URLs (``gs://``, ``az://``, ``memory://``)
-through :func:`open_objects` and the :class:`ObjectStore` interface.
+"""The one object-store layer, the only code that reads and writes storage: every package (blob store,
+datasets, corpora, checkpoints) reaches local folders, ``s3://`` (AWS, MinIO, any S3 API) and other fsspec
+URLs (``gs://``, ``az://``, ``memory://``) through :func:`open_objects` and the :class:`ObjectStore` interface.
 
 - Keys are ``/``-separated names relative to the store's root URL (``s3://bucket/prefix``).
 - Large objects move as parallel parts: multipart uploads and ranged downloads, ``part_size`` bytes
@@ -28,9 +28,8 @@ import os
 from typing import Any
 
 from stoker.errors import StokerError, StoreError
-from stoker.store.objects_base import (  # noqa: F401  (the layer's public names)
+from stoker.store.objects.base import (  # noqa: F401  (the layer's public names)
     BufferedUpload,
-    LocalObjects,
     MiB,
     ObjectInfo,
     ObjectStore,
@@ -38,10 +37,10 @@ from stoker.store.objects_base import (  # noqa: F401  (the layer's public names
     Upload,
     check_object_key,
     parse_bytes,
-    sha256_of,
 )
-from stoker.store.objects_fsspec import FsspecObjects, fsspec_filesystem  # noqa: F401
-from stoker.store.objects_s3 import S3Objects, s3_client  # noqa: F401
+from stoker.store.objects.fsspec_store import FsspecObjects, fsspec_filesystem  # noqa: F401
+from stoker.store.objects.local import LocalObjects  # noqa: F401
+from stoker.store.objects.s3 import S3Objects, s3_client  # noqa: F401
 
 
 def open_objects(url: str | os.PathLike, *, error: type[StokerError] = StoreError, client: Any = None,
