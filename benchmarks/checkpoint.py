@@ -17,7 +17,8 @@ torch.optim.AdamW step: --size-mb in all (1024 by default), one process, no torc
   load              Checkpointer.load(url, state, manifest): DCP read into preallocated tensors (checked)
   resume            what a resuming trainer does: latest(), inspect() of it, load()
 Goal (issue 13): the training time an async save blocks (save() + wait(), steady state: the saves after the
-first) is at most 10% of the synchronous torch.save; the first save's cost is reported beside it. Files read back right after they are written come from the page cache, for every row alike.
+first) is at most 10% of the synchronous torch.save; the first save's cost is reported beside it. Files read back
+right after they are written come from the page cache, for every row alike.
 
     python benchmarks/checkpoint.py                              # 1 GB, local and S3, median of 3
     python benchmarks/checkpoint.py --only local --repeat 5

@@ -96,7 +96,8 @@ def measure_transfer(target: Any, bench: Any, Row: Any) -> list[Any]:  # noqa: N
     path.unlink(missing_ok=True)
     notes = {"boto3 upload_file": "default TransferConfig (8 MB parts, 10 threads)",
              "boto3 download_file": "default TransferConfig", "stoker put_file": "parallel multipart",
-             "stoker get_file": "parallel ranged GETs, no checksum given", "torch.save + upload": "local file, then upload_file",
+             "stoker get_file": "parallel ranged GETs, no checksum given",
+             "torch.save + upload": "local file, then upload_file",
              "download + torch.load": "download_file, then torch.load"}
     return [Row(target.name, what, secs, size, notes[what] + clock.note(what)) for what, secs in rows.items()]
 

@@ -35,7 +35,8 @@ WEEK = 7 * 24 * 3600
 
 def spawn_tree(workers: int) -> subprocess.Popen:
     code = ("import subprocess, sys\n"
-            f"ps = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']) for _ in range({workers})]\n"
+            "ps = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])"
+            f" for _ in range({workers})]\n"
             "[p.wait() for p in ps]\n")
     p = subprocess.Popen([sys.executable, "-c", code])
     import psutil

@@ -229,7 +229,8 @@ def print_table(results: list[Result], mf_version: str) -> None:
             sched = statistics.median(c[0] for c in r.sched_cpu)
             server = statistics.median(c[1] for c in r.sched_cpu)
             print(f"{r.case.title}: stoker's scheduler process used {sched:.2f}s CPU (user + sys, its tasks excluded) "
-                  f"= {100 * sched / wall:.1f}% of the wall time (goal < 10%: {'ok' if sched < 0.1 * wall else 'MISS'}); "
+                  f"= {100 * sched / wall:.1f}% of the wall time "
+                  f"(goal < 10%: {'ok' if sched < 0.1 * wall else 'MISS'}); "
                   f"its fork server, which forks every task, {server:.2f}s = {100 * server / wall:.1f}%")
 
 

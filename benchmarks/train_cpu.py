@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per side per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per side first")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per side (default 1: steady on a shared machine)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per side (default 1: steady on a shared machine)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")
     args = ap.parse_args(argv)

@@ -139,7 +139,8 @@ class EmulatedBatch:
         job = resp["jobId"]
         multinode = jd["type"] == "multinode"
         n = (req.get("nodeOverrides") or {}).get("numNodes") or (jd["nodeProperties"]["numNodes"] if multinode else 1)
-        container = jd["nodeProperties"]["nodeRangeProperties"][0]["container"] if multinode else jd["containerProperties"]
+        container = (jd["nodeProperties"]["nodeRangeProperties"][0]["container"] if multinode
+                     else jd["containerProperties"])
         overrides = (req["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"] if multinode
                      else req.get("containerOverrides") or {})
         params = {**jd.get("parameters", {}), **req.get("parameters", {})}

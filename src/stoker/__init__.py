@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import monitor as _monitor_package  # noqa: F401  (loaded first, so that `stoker.monitor` stays the decorator)
-from .backends.aws.decorator import batch  # noqa: E402  (registers @batch for --with batch:...)
-from .backends.slurm.decorator import slurm  # noqa: E402  (registers @slurm for --with slurm:...)
-from .features import (  # one module per decorator (registers each for --with)
+from stoker import monitor as _monitor_package  # noqa: F401  (loaded first, so that `stoker.monitor` stays the decorator)
+from stoker.backends.aws.decorator import batch  # noqa: E402  (registers @batch for --with batch:...)
+from stoker.backends.slurm.decorator import slurm  # noqa: E402  (registers @slurm for --with slurm:...)
+from stoker.features import (
     card,
     catch,
     environment,
@@ -24,19 +24,19 @@ from .features import (  # one module per decorator (registers each for --with)
     timeout,
     torchrun,
 )
-from .features.project import project
-from .features.secrets import get_secret, secrets
-from .flow import spec as _spec
-from .flow.configs import config_expr
-from .flow.current import current
-from .flow.parameters import Config, IncludeFile, JSONType, Parameter
-from .flow.spec import FlowSpec, MergeArtifactsError
+from stoker.features.project import project
+from stoker.features.secrets import get_secret, secrets
+from stoker.flow import spec as _spec
+from stoker.flow.configs import config_expr
+from stoker.flow.current import current
+from stoker.flow.parameters import Config, IncludeFile, JSONType, Parameter
+from stoker.flow.spec import FlowSpec, MergeArtifactsError
 
 __version__ = "0.1.0"
 
 
 def _run_cli(flow_cls: type) -> Any:
-    from .cli.flow_cli import main
+    from stoker.cli.flow_cli import main
 
     return main(flow_cls)
 
@@ -50,16 +50,18 @@ _CLIENT = {"Flow", "Run", "Step", "Task", "DataArtifact", "Metaflow", "namespace
 
 def __getattr__(name: str) -> Any:
     if name in ("Runner", "NBRunner"):  # the Runner API (stoker.runner), loaded on first use
-        from . import runner
+        from stoker import runner
 
         return getattr(runner, name)
     # The client is loaded on first use so that `import stoker` in a task stays light.
     if name in _CLIENT:
-        from . import client
+        from stoker import client
 
         return getattr(client, name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
-           "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm", "batch", "project", "secrets", "get_secret", "config_expr", "MergeArtifactsError", "Runner", "NBRunner", *sorted(_CLIENT)]
+           "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm",
+           "batch", "project", "secrets", "get_secret", "config_expr", "MergeArtifactsError", "Runner", "NBRunner",
+           *sorted(_CLIENT)]

@@ -33,6 +33,16 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
             pass
 
 
+def kill_grace(env: dict[str, str] | None = None) -> float:
+    """Seconds between SIGTERM and SIGKILL when stoker stops a task (`$STOKER_KILL_GRACE`, default 30): long
+    enough for a training step to finish and its checkpoint to be committed."""
+    env = os.environ if env is None else env
+    try:
+        return max(0.0, float(env.get("STOKER_KILL_GRACE", "30")))
+    except ValueError:
+        return 30.0
+
+
 def signal_tree(pid: int, sig: int, tree: bool = True) -> None:
     """Signal a task's process group and (tree=True) every descendant: torchrun workers may start sessions
     of their own. After the task process has exited only its group is left to signal."""

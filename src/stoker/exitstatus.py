@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_PERMANENT, EXIT_PREEMPTED, ConfigError, Preempted, StokerError
+from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, ConfigError, Preempted, StokerError
 
 ENV = "STOKER_EXIT_STATUS_DIR"
 

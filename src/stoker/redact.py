@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._environ import environ_copy
+from stoker._environ import environ_copy
 
 REDACTED = "***"
 SECRET_ENV_PREFIX = "STOKER_SECRET_"  # the variables that carry secret parameters to a run's tasks

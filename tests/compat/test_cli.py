@@ -1,4 +1,5 @@
-"""CLI: `dump` of a task's or a step's artifacts, `tag add|remove|replace|list`, and `logs RUN/STEP --stdout|--stderr`."""
+"""CLI: `dump` of a task's or a step's artifacts, `tag add|remove|replace|list`, and \
+`logs RUN/STEP --stdout|--stderr`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ FLOW = "client_api_flow.py"
 
 
 def _run_ids(runs):
-    return {n: r.client('from metaflow import Flow\nresult = Flow("ClientApiFlow").latest_run.id') for n, r in runs.items()}
+    return {n: r.client('from metaflow import Flow\nresult = Flow("ClientApiFlow").latest_run.id')
+            for n, r in runs.items()}
 
 
 def _lines(text):
@@ -107,6 +109,7 @@ def test_tag_commands(both, request):
                   "list_shows": "three" in listing.stdout and "System tags and tags" in listing.stdout,
                   "quiet": [quiet[0] == f"ClientApiFlow/{rid}", "user:tester" in quiet[1].split(","), quiet[2].strip()]}
     compare(request, "tag commands", got, {
-        "add": 0, "after_add": ["one", "two", "user:tester"], "replace": 0, "after_replace": ["three", "two", "user:tester"],
+        "add": 0, "after_add": ["one", "two", "user:tester"], "replace": 0,
+        "after_replace": ["three", "two", "user:tester"],
         "remove": 0, "after_remove": ["three", "user:tester"], "no_run_id": [True, True], "system": [True, True],
         "one_sided": True, "list_rc": 0, "list_shows": True, "quiet": [True, True, "three"]})

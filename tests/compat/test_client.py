@@ -107,7 +107,8 @@ r.remove_tags(["e", "f", "never-there"]); steps_.append(sorted(r.user_tags))
 r.add_tag("user:tester"); steps_.append(sorted(r.user_tags))
 errors = {"system": raises(lambda: r.remove_tag("user:tester")), "empty": raises(lambda: r.add_tag("")),
           "long": raises(lambda: r.add_tag("x" * 501)), "nothing": raises(lambda: r.replace_tags([], [])),
-          "string": raises(lambda: r.remove_tags("abc")), "too_many": raises(lambda: r.add_tags(["t%d" % i for i in range(51)]))}
+          "string": raises(lambda: r.remove_tags("abc")), \
+"too_many": raises(lambda: r.add_tags(["t%d" % i for i in range(51)]))}
 result = {"steps": steps_, "raised": {k: v is not None for k, v in errors.items()},
           "system_msg": "system tag" in (errors["system"] or ""), "long_msg": "too long" in (errors["long"] or ""),
           "flow_tags": sorted(Flow("ClientApiFlow").tags), "user_tag_in_system": "user:tester" in r.system_tags,
@@ -160,7 +161,8 @@ result = {"run": new.origin_pathspec == old.pathspec, "step": new["start"].origi
 
 
 def test_metadata_and_namespace_functions(both, request):
-    """get_metadata/metadata/default_metadata and namespace/get_namespace/default_namespace, imported from the package."""
+    """get_metadata/metadata/default_metadata and namespace/get_namespace/default_namespace, \
+imported from the package."""
     runs = both(FLOW)
     got = {n: r.client(f"""
 from metaflow import get_metadata, metadata, default_metadata, namespace, get_namespace, default_namespace, Flow

@@ -1,4 +1,4 @@
-"""A @torchrun gang that checks its nodes before its command (runtime/preflight.py): each node stages a shard in
+"""A @torchrun gang that checks its nodes before its command (distributed/preflight.py): each node stages a shard in
 its temp folder, except `unstaged_node`, whose preflight then fails; a permanent failure, so @retry(times=2)
 must not run it again."""
 

@@ -1,5 +1,6 @@
 """A small flow for the UI's browser test: `train` logs a loss-like series into the store while it runs
-and CPU samples (written with SeriesWriter, as the trainer and @monitor do) and, with --fail 1, raises after its last step."""
+and CPU samples (written with SeriesWriter, as the trainer and @monitor do) and, with --fail 1, raises after its
+last step."""
 
 import time
 

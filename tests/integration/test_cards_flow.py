@@ -305,7 +305,8 @@ def test_monitor_card_from_a_real_monitored_step(tmp_path):
     card = json.loads(found[0].read_text())
     assert card["final"] is True
     peaks = next(c for c in card["components"] if c["type"] == "table")
-    assert peaks["headers"][:3] == ["node", "device", "peak utilisation"] and peaks["data"][0][1] == "CPU (process tree)"
+    assert (peaks["headers"][:3] == ["node", "device", "peak utilisation"]
+            and peaks["data"][0][1] == "CPU (process tree)")
     charts = [c for c in card["components"] if c["type"] == "vega"]
     assert charts and len(charts[0]["spec"]["data"]["values"]) >= 5
     assert "<polyline" in found[0].with_suffix(".html").read_text()

@@ -47,7 +47,8 @@ def stoker_copy(name: str, dest: Path) -> Path:
 
 def run_flow(name: str, folder: Path, *args: str, top: tuple[str, ...] = ("--no-pylint",), command: str = "run",
              home: Path | None = None, timeout: float = 120) -> FlowRun:
-    """`python <name> [top options] COMMAND ARGS` in `folder`, as a user types it; STOKER_HOME from the env or `home`."""
+    """`python <name> [top options] COMMAND ARGS` in `folder`, as a user types it; STOKER_HOME from the env or
+    `home`."""
     path = stoker_copy(name, folder)
     env = dict(os.environ)
     if home is not None:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from stoker.distributed import neuron_cache as nc
+from stoker.distributed.torchrun import TorchrunHelper
 from stoker.errors import StokerError
-from stoker.runtime import neuron_cache as nc
-from stoker.runtime.torchrun import TorchrunHelper
 from stoker.store.blobs import open_store
 from tests.helpers import run_flow
 

@@ -93,7 +93,8 @@ def test_smoke_run_end_to_end(aws, example, tmp_path):
 def test_impossible_head_arithmetic_is_refused_before_submitting(aws, example, tmp_path):
     folder, env = example
     flow = folder / "llama2_trainium.py"
-    text = flow.read_text().replace('"use_zero_1": True,', '"use_zero_1": True, "qkv_linear": True, "kv_replicator": 4,')
+    text = flow.read_text().replace('"use_zero_1": True,',
+                                    '"use_zero_1": True, "qkv_linear": True, "kv_replicator": 4,')
     flow.write_text(text)
     p = run_flow(flow, "run", *SMALL, cwd=folder, env=env, timeout=300, check=False)
     assert p.returncode != 0

@@ -46,7 +46,8 @@ def browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,2400"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,2400"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
     yield driver
@@ -125,7 +126,8 @@ def test_ui_shows_a_live_run_and_a_failed_one(browser, ui_server, shots, tmp_pat
         db = MetadataDB(default_db_path())
         run = _wait("the run to be indexed", lambda: db.list_runs("UiFlow"), timeout=60)[0]
         browser.get(ui_server + "/")
-        row = _wait("the run in the list", lambda: browser.find_element("css selector", f'tr[data-run="UiFlow/{run.run_id}"]'))
+        row = _wait("the run in the list",
+                    lambda: browser.find_element("css selector", f'tr[data-run="UiFlow/{run.run_id}"]'))
         assert row.get_attribute("data-status") == "running"
         shots(browser, "01-runs-list-running")
 

@@ -1,1 +1,2 @@
-"""Stands in for NxD's examples/training/llama/modeling_llama_nxd.py (aws-neuron/neuronx-distributed@fbac349), test-only."""
+"""Stands in for NxD's examples/training/llama/modeling_llama_nxd.py (aws-neuron/neuronx-distributed@fbac349),
+test-only."""

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Exit early at <value> steps and not go to max_steps. -1 to mean no early exit.")
     p.add_argument("--seed", type=int, default=12349, help="Random seed. Worker seed is this value + worker rank.")
     p.add_argument("--lr", type=float, default=4e-4, help="Learning rate.")
-    p.add_argument("--warmup_steps", type=int, default=2000, help="Number of warmup accumulation-steps for learning rate .")
+    p.add_argument("--warmup_steps", type=int, default=2000,
+                   help="Number of warmup accumulation-steps for learning rate .")
     p.add_argument("--grad_accum_usteps", type=int, default=64,
                    help="Gradient accumulation micro-steps (an accumulation-step has <value> micro-steps.")
     p.add_argument("--print_grad_norm", default=False, action="store_true", help="Whether to print grad norm")

@@ -1,6 +1,6 @@
-"""The house has no import circles: an AST scan of every module under src/stoker, counting module-level and
-function-level imports of stoker modules (``from stoker.x import y``, ``import stoker.x``, relative imports),
-must find no cycle between modules."""
+"""The house's layers hold: an AST scan of every module under src/stoker, counting module-level and function-level
+imports of stoker modules (``from stoker.x import y``, ``import stoker.x``, relative imports), must find no cycle
+between modules and no import of a higher layer (docs/architecture.md draws them)."""
 
 from __future__ import annotations
 
@@ -122,3 +122,64 @@ def test_the_store_and_the_client_import_only_downwards():
                 wrong += [f"{me} -> {dep}" for dep in sorted(imports(f, modules))
                           if any(dep == b or dep.startswith(b + ".") for b in banned)]
     assert not wrong, "imports against the layering: " + "; ".join(wrong)
+
+
+# The layers, bottom (0) to top: a package may import its own modules and those of lower layers only.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "_environ", "_hashing"),
+    ("exitstatus", "redact", "_process"),
+    ("store",),  # objects -> blobs -> records and the index
+    ("client", "data", "monitor"),  # the client API; the data and monitoring libraries
+    ("train",),  # the training library (uses data and the store)
+    ("flow",),  # FlowSpec, the graph, parameters, `current`, the decorator machinery
+    ("distributed", "cards"),  # what a node of a @torchrun step does; cards
+    ("features",),  # one module per decorator: its declaration and its behaviour
+    ("runtime",),  # the driver, the member/node side, the contract
+    ("backends",),  # local, slurm, aws: where tasks run
+    ("runner", "ui", "recipes"),  # Runner/NBRunner, the web UI, the packaged flows
+    ("cli",),
+    ("stoker",),  # the package's own __init__: the public API
+]
+RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+# (importer, imported): upward imports with a reason
+ALLOWED_UP = {
+    ("stoker.backends.aws.image", "stoker"): "the package's __version__, for the image's tag",
+    ("stoker.recipes.llama_pretrain", "stoker"): "a packaged flow imports stoker's public API as a user's does",
+}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "stoker"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for me, deps in sorted(graph.items()):
+        if me.rsplit(".", 1)[-1] == "__main__":  # `python -m stoker.x` entry points sit on top of everything
+            continue
+        a = package_of(me)
+        for dep in sorted(deps):
+            b = package_of(dep)
+            if a != b and RANK[b] >= RANK[a] and (me, dep) not in ALLOWED_UP:
+                wrong.append(f"{me} -> {dep} ({a} is layer {RANK[a]}, {b} layer {RANK[b]})")
+    return wrong
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(module_name(f)) for f in (SRC / "stoker").rglob("*.py")}
+    assert not packages - set(RANK), f"add {sorted(packages - set(RANK))} to LAYERS (and docs/architecture.md)"
+
+
+def test_imports_point_down_the_layers():
+    files = sorted((SRC / "stoker").rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    wrong = upward_imports({module_name(f): imports(f, modules) for f in files})
+    assert not wrong, "imports up the layers (move the code down, or inject it): " + "; ".join(wrong)
+
+
+def test_the_layer_test_fails_on_an_upward_import():
+    """A deliberately upward import (the store reaching for the runtime) is caught, with both layers named."""
+    graph = {"stoker.store.blobs": {"stoker.runtime.scheduler", "stoker.errors"}, "stoker.runtime.scheduler": set()}
+    assert upward_imports(graph) == ["stoker.store.blobs -> stoker.runtime.scheduler (store is layer 2, runtime "
+                                     "layer 8)"]

@@ -11,9 +11,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
-from ..flow.decorators import get_decorator
-from ..runtime.executor import Backend
+from stoker.errors import ConfigError
+from stoker.flow.decorators import get_decorator
+from stoker.runtime.executor import Backend
 
 # name -> "module:class"; a backend's step decorator has the same name
 BACKENDS: dict[str, str] = {

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .components import (
+from stoker.cards.components import (
     Artifact,
     Error,
     Image,
@@ -64,8 +64,8 @@ class Card:
 
 def get_cards(task: Any, id: str | None = None, type: str | None = None, store: Any = None) -> list[Card]:
     """The cards of a task (a pathspec `Flow/run/step/task` or a client Task), read from the store."""
-    from ..store.blobs import open_store
-    from .store import list_cards
+    from stoker.cards.store import list_cards
+    from stoker.store.blobs import open_store
 
     pathspec = task if isinstance(task, str) else task.pathspec
     parts = pathspec.strip("/").split("/")

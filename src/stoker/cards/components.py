@@ -275,7 +275,7 @@ class Artifact(MetaflowCardComponent):
         self._artifact = artifact
 
     def render(self) -> dict[str, Any]:
-        from ..store.artifacts import short_repr, type_name
+        from stoker.store.artifacts import short_repr, type_name
 
         value = self._artifact
         text = short_repr(value, limit=400) if self._compressed else _full_repr(value)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..store.blobs import BlobStore
-from ..store.series import read_series, series_prefix
-from .render import render_card_html
-from .store import cards_prefix, write_card
-from .svg import thin
+from stoker.cards.render import render_card_html
+from stoker.cards.store import cards_prefix, write_card
+from stoker.cards.svg import thin
+from stoker.store.blobs import BlobStore
+from stoker.store.series import read_series, series_prefix
 
 CARD_ID = "monitor"
 

@@ -14,8 +14,8 @@ import html
 import json
 from typing import Any
 
-from .markdown import markdown_to_html
-from .svg import vega_to_svg
+from stoker.cards.markdown import markdown_to_html
+from stoker.cards.svg import vega_to_svg
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}

@@ -11,12 +11,12 @@ import datetime as dt
 import html
 from typing import Any
 
-from ..store.blobs import BlobStore
-from .default_card import human_duration
-from .monitor_card import latest_monitor_attempt, monitor_components, read_monitor_samples
-from .render import card_body_html, component_html, page
-from .store import list_cards, task_ids_with_cards
-from .svg import line_chart
+from stoker.cards.default_card import human_duration
+from stoker.cards.monitor_card import latest_monitor_attempt, monitor_components, read_monitor_samples
+from stoker.cards.render import card_body_html, component_html, page
+from stoker.cards.store import list_cards, task_ids_with_cards
+from stoker.cards.svg import line_chart
+from stoker.store.blobs import BlobStore
 
 METRIC_ORDER = ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem_gb")
 _NOT_METRICS = {"step", "time", "attempt", "run_id", "rank", "epoch", "step_name", "task_id", "node"}
@@ -53,11 +53,11 @@ def _step_row(step: Any) -> tuple[list[str], list[Any]]:
 
 def _metrics(store: BlobStore, db: Any, flow: str, run_id: str, step: str, task_id: str) -> list[dict[str, Any]]:
     try:
-        from ..store.metrics import task_metrics
+        from stoker.store.metrics import task_metrics
 
         return task_metrics(db, store, flow, run_id, step, task_id)
     except ImportError:  # the metrics reader is not in this tree: read this run's series directly
-        from ..store.series import read_series
+        from stoker.store.series import read_series
 
         base = f"runs/{flow}/{run_id}/metrics/{step}/{task_id}/"
         attempts = sorted({int(a) for a in (n[len(base):].split("/", 1)[0] for n in store.list(base))
@@ -87,7 +87,7 @@ def metrics_charts(records: list[dict[str, Any]], where: str) -> list[str]:
 
 def build_report(run_pathspec: str, step_name: str | None = None, store: BlobStore | None = None) -> str:
     """The report's HTML for FLOW/RUN (only STEP's details when given)."""
-    from ..client import Run
+    from stoker.client import Run
 
     run = Run(run_pathspec, store=store)
     store = run._store
@@ -96,7 +96,7 @@ def build_report(run_pathspec: str, step_name: str | None = None, store: BlobSto
     steps = sorted(run, key=lambda s: s.created_at or dt.datetime.min)
     if step_name is not None:
         if step_name not in {s.id for s in steps}:
-            from ..errors import ConfigError
+            from stoker.errors import ConfigError
 
             raise ConfigError(f"report {run_pathspec}/{step_name}: the run has no step {step_name!r} (steps: "
                               f"{', '.join(s.id for s in steps)})")
@@ -117,7 +117,8 @@ def build_report(run_pathspec: str, step_name: str | None = None, store: BlobSto
         step_rows.append(row)
         step_tasks[s.id] = tasks
     table = ["<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in ("step", "state", "tasks ok", "attempts",
-                                                                        "started", "duration")) + "</tr></thead><tbody>"]
+                                                                        "started", "duration"))
+             + "</tr></thead><tbody>"]
     for row in step_rows:
         table.append("<tr>" + "".join(f'<td class="{_e(_state_class(v))}">{_e(v)}</td>' if i == 1 else
                                       f"<td>{_e(v)}</td>" for i, v in enumerate(row)) + "</tr>")

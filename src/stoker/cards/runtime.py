@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..store.blobs import BlobStore
-from .components import render_component
-from .render import render_card_html
-from .store import cards_prefix, check_card_id, write_card
+from stoker.cards.components import render_component
+from stoker.cards.render import render_card_html
+from stoker.cards.store import cards_prefix, check_card_id, write_card
+from stoker.store.blobs import BlobStore
 
 log = logging.getLogger(__name__)
 MONITOR_CARD_ID = "monitor"
@@ -226,7 +226,7 @@ class TaskCards:
         self.collector = CardCollector(self.cards, self._extra)
 
     def _extra(self) -> dict[str, list]:
-        from .default_card import default_card_parts
+        from stoker.cards.default_card import default_card_parts
 
         return default_card_parts(self.spec, self.started, self.artifacts, self.manifest)
 
@@ -242,7 +242,7 @@ class TaskCards:
 
 def start_task_cards(func: Any, spec: Any, store: BlobStore) -> TaskCards:
     """Before the step: set `current.card` for it. Call `.finish(artifacts, manifest)` after it (even on failure)."""
-    from ..flow.current import current
+    from stoker.flow.current import current
 
     tc = TaskCards(func, spec, store)
     current._set(card=tc.collector)

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StoreError
-from ..store.blobs import BlobStore
-from ..store.manifest import run_prefix
+from stoker.errors import StoreError
+from stoker.store.blobs import BlobStore
+from stoker.store.manifest import run_prefix
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
@@ -72,7 +72,7 @@ class CardRef:
         name = f"{self.prefix}{self.id}.html"
         if store.exists(name):
             return store.read(name).decode("utf-8", errors="replace")
-        from .render import render_card_html
+        from stoker.cards.render import render_card_html
 
         return render_card_html(self.data(store))
 

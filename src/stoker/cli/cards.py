@@ -12,11 +12,11 @@ import os
 import sys
 import tempfile
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 
 def _task_of(store, pathspec: str) -> tuple[str, str, str, str]:
-    from ..cards.store import steps_with_cards, task_ids_with_cards
+    from stoker.cards.store import steps_with_cards, task_ids_with_cards
 
     parts = pathspec.strip("/").split("/")
     if len(parts) not in (3, 4) or not all(parts):
@@ -38,8 +38,8 @@ def _task_of(store, pathspec: str) -> tuple[str, str, str, str]:
 
 
 def cmd_card_view(args: argparse.Namespace) -> int:
-    from ..cards.store import list_cards
-    from ..store.blobs import open_store
+    from stoker.cards.store import list_cards
+    from stoker.store.blobs import open_store
 
     store = open_store()
     flow, run_id, step, task_id = _task_of(store, args.pathspec)
@@ -72,8 +72,8 @@ def cmd_card_view(args: argparse.Namespace) -> int:
 
 
 def cmd_card_list(args: argparse.Namespace) -> int:
-    from ..cards.store import list_cards
-    from ..store.blobs import open_store
+    from stoker.cards.store import list_cards
+    from stoker.store.blobs import open_store
 
     store = open_store()
     flow, run_id, step, task_id = _task_of(store, args.pathspec)
@@ -84,7 +84,7 @@ def cmd_card_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..cards.report import build_report
+    from stoker.cards.report import build_report
 
     parts = args.pathspec.strip("/").split("/")
     if len(parts) not in (2, 3) or not all(parts):

@@ -9,7 +9,7 @@ import pickle
 import sys
 from typing import Any
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 TOO_LARGE = "< artifact too large >"
 
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _tasks(flow: str, input_path: str) -> list[Any]:
-    from ..client import Run, Task
+    from stoker.client import Run, Task
 
     parts = input_path.strip("/").split("/")
     if parts and parts[0] == flow and len(parts) > 1:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import StokerError
+from stoker.errors import StokerError
 
 
 def run_cli(fn: Callable[[], int | None]) -> Any:

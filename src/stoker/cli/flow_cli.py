@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..flow.decorators import get_flow_decorator
-from ..flow.graph import FlowGraph
-from ..flow.lint import lint
-from ..flow.parameters import _MISSING, Config, IncludeFile, parameters_from_env, parse_override_value
-from .errors import run_cli
-from .guardian import start_guardian
-from .top_options import split_top_options
+from stoker.cli.errors import run_cli
+from stoker.cli.guardian import start_guardian
+from stoker.cli.top_options import split_top_options
+from stoker.errors import ConfigError
+from stoker.flow.decorators import get_flow_decorator
+from stoker.flow.graph import FlowGraph
+from stoker.flow.lint import lint
+from stoker.flow.parameters import _MISSING, Config, IncludeFile, parameters_from_env, parse_override_value
 
 COMPAT_FLAGS = ("--no-pylint", "--pylint")  # accepted for Metaflow scripts; stoker's check always runs
 COMPAT_OPTIONS = ("--datastore", "--metadata", "--environment", "--datastore-root", "--event-logger", "--monitor")
@@ -80,7 +80,7 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
     _common(res)
     sub.add_parser("check", help="check the flow's graph and print 'valid'")
     sub.add_parser("show", help="print the flow's steps and transitions")
-    from . import dump, logs, tag  # Metaflow's client commands: logs, dump, tag
+    from stoker.cli import dump, logs, tag  # Metaflow's client commands: logs, dump, tag
 
     for module in (logs, dump, tag):
         module.add_parser(sub)
@@ -127,7 +127,7 @@ def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[s
 def main(flow_cls: type, argv: list[str] | None = None) -> Any:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_task"]:
-        from ..runtime.task import main_from_cli
+        from stoker.runtime.task import main_from_cli
 
         sys.exit(main_from_cli(flow_cls, argv[1]))
     try:  # Metaflow's options before the command: accepted, or refused saying what stoker uses instead
@@ -213,8 +213,8 @@ def _given_params(flow_cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
-    from ..backends import StepRouter
-    from ..runtime.launch import dry_run, latest_run_id, start_run
+    from stoker.backends import StepRouter
+    from stoker.runtime.launch import dry_run, latest_run_id, start_run
 
     if args.command in (None, "check", "show"):
         graph = FlowGraph(flow_cls)
@@ -227,7 +227,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
             print("commands: run, resume, check, show, logs, dump, tag (python flow.py COMMAND --help)")
         return 0
     if args.command in ("logs", "dump", "tag"):
-        from .logs import client_command
+        from stoker.cli.logs import client_command
 
         return client_command(flow_cls.__name__, args)
     configs = _run_configs(flow_cls, list(args.config)) if args.command == "run" else {}
@@ -239,7 +239,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     if args.no_preflight:  # the tasks inherit it (local), or get it from the backend (sbatch, Batch overrides)
         os.environ["STOKER_PREFLIGHT"] = "0"
     if args.smoke:
-        from ..runtime import smoke
+        from stoker.distributed import smoke
 
         os.environ[smoke.ENV] = "1"
     guard = start_guardian(flow_cls.__name__)
@@ -251,8 +251,8 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
                            run_id=_runner_run_id(args, flow_cls),
                            project_options=_project_options(args))
     else:
-        from ..store.metadata import MetadataDB
-        from ..store.paths import default_db_path
+        from stoker.store.metadata import MetadataDB
+        from stoker.store.paths import default_db_path
 
         graph = FlowGraph(flow_cls)
         if args.run_id and args.run_id in graph and not args.step:  # Metaflow's `resume STEP`
@@ -269,7 +269,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
                            run_id=_runner_run_id(args, flow_cls))
     guard.done()
     if args.smoke:
-        from .smoke_report import print_smoke_report
+        from stoker.cli.smoke_report import print_smoke_report
 
         print_smoke_report(flow_cls.__name__, result)
     return {"succeeded": 0, "killed": 130}.get(result.status, 1)
@@ -280,7 +280,7 @@ def _runner_run_id(args: argparse.Namespace, flow_cls: type) -> str | None:
     API's package imports asyncio: ~20 ms that a plain `run` does not pay.)"""
     if not args.runner_attribute_file:
         return None
-    from ..runner.attributes import write_runner_attributes
+    from stoker.runner.attributes import write_runner_attributes
 
     return write_runner_attributes(args.runner_attribute_file, flow_cls.__name__)
 

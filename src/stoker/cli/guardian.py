@@ -18,10 +18,10 @@ import sys
 import time
 from typing import IO
 
-from ..runtime.executor import EXITED, JobRef
-from ..runtime.jobs import jobs_prefix, kill_request_name
-from ..store.blobs import BlobStore, open_store
-from ..store.manifest import read_run_record, write_run_record
+from stoker.runtime.executor import EXITED, JobRef
+from stoker.runtime.jobs import jobs_prefix, kill_request_name
+from stoker.store.blobs import BlobStore, open_store
+from stoker.store.manifest import read_run_record, write_run_record
 
 
 def job_refs(store: BlobStore, flow: str, run_id: str) -> list[JobRef]:
@@ -32,8 +32,8 @@ def job_refs(store: BlobStore, flow: str, run_id: str) -> list[JobRef]:
 def cancel_jobs(refs: list[JobRef], grace: float | None = None) -> tuple[list[JobRef], list[tuple[JobRef, str]]]:
     """Cancel the refs that are still live (SIGTERM, then force after `grace`, default $STOKER_KILL_GRACE: time for
     a checkpoint); returns (cancelled, [(ref, why it could not be)])."""
-    from ..backends import make_backend
-    from ..runtime.failures import kill_grace
+    from stoker.backends import make_backend
+    from stoker.runtime.failures import kill_grace
 
     grace = kill_grace() if grace is None else grace
 
@@ -64,7 +64,7 @@ def cancel_jobs(refs: list[JobRef], grace: float | None = None) -> tuple[list[Jo
 def kill_run(store: BlobStore, flow: str, run_id: str, out: IO[str] = sys.stdout) -> int:
     record = read_run_record(store, flow, run_id)
     if record is None:
-        from ..errors import StokerError
+        from stoker.errors import StokerError
 
         raise StokerError(f"run {flow}/{run_id} is not in the store {store.url}: see `stoker runs {flow}`")
     store.write(kill_request_name(flow, run_id), json.dumps({"by": socket.gethostname(), "at": time.time()}).encode())
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     if record is not None and record.get("status") == "running":  # the run died: say so where users look
         write_run_record(store, {**record, "status": "failed", "finished_at": time.time(), "guardian": report})
         try:
-            from ..store.metadata import MetadataDB
-            from ..store.paths import default_db_path
+            from stoker.store.metadata import MetadataDB
+            from stoker.store.paths import default_db_path
 
             MetadataDB(default_db_path()).set_run_status(a.flow, a.run, "failed", finished_at=time.time())
         except Exception:  # noqa: BLE001 - the store is the truth; the index can be rebuilt from it

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 
 class _Found(Exception):
@@ -29,7 +29,7 @@ class _Found(Exception):
 def load_flow_class(path: str) -> type:
     """The FlowSpec class of a flow file, loaded as `python flow.py` loads it (run as __main__, its folder first
     on sys.path), except that the `MyFlow()` call hands the class back instead of starting the flow's CLI."""
-    from ..flow import spec as flow_spec
+    from stoker.flow import spec as flow_spec
 
     file = Path(path)
     if not file.is_file():
@@ -73,7 +73,7 @@ def _requirements(args: argparse.Namespace) -> Path | None:
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from ..backends.aws.image import ImageSpec, flow_kind
+    from stoker.backends.aws.image import ImageSpec, flow_kind
 
     kind, efa, why = args.kind, bool(args.efa), ""
     if args.flow:
@@ -102,7 +102,7 @@ def _unpinned_note(ctx: Any) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from ..backends.aws.image import prepare_context, render_dockerfile
+    from stoker.backends.aws.image import prepare_context, render_dockerfile
 
     spec, why = _spec(args)
     if args.output is None:
@@ -119,7 +119,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def _default_repository() -> str | None:
     """The ECR repository `stoker infra apply` created, if it did (and the infra module is there)."""
     try:
-        from ..backends.aws.infra.state import load_outputs
+        from stoker.backends.aws.infra.state import load_outputs
     except ImportError:
         return None
     outputs = load_outputs() or {}
@@ -127,7 +127,7 @@ def _default_repository() -> str | None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ..backends.aws.image import NO_REPOSITORY, check_docker, plan_build, prepare_context, run_plan
+    from stoker.backends.aws.image import NO_REPOSITORY, check_docker, plan_build, prepare_context, run_plan
 
     spec, why = _spec(args)
     repository = args.repository or os.environ.get("STOKER_IMAGE_REPOSITORY") or None
@@ -160,14 +160,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _record_image(image: str, repository: str) -> str | None:
     """Record a pushed digest in `stoker infra`'s state when it went to that infra's repository."""
     try:
-        from ..backends.aws.infra.state import record_image
+        from stoker.backends.aws.infra.state import record_image
     except ImportError:
         return None
     return record_image(image, repository)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from ..backends.aws.image import KINDS, NEURON_DLC_TAG, TORCH_VERSION
+    from stoker.backends.aws.image import KINDS, NEURON_DLC_TAG, TORCH_VERSION
 
     p.add_argument("flow", nargs="?", help="the flow file: the kind follows its @batch steps' resources")
     p.add_argument("--step", help="only this step's needs (one image per step when steps differ)")
@@ -195,7 +195,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `stoker image` (render, build) to the `stoker` command's subparsers."""
-    from ..backends.aws.image import DEFAULT_PLATFORM
+    from stoker.backends.aws.image import DEFAULT_PLATFORM
 
     image = subparsers.add_parser("image", help="render, build and push the container image of Batch steps",
                                   description="The container image a flow's @batch steps run in, with stoker "

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 STYLES = {"create": "green", "update": "yellow", "ok": "dim", "use": "cyan", "conflict": "bold red"}
 
@@ -27,7 +27,7 @@ def _say(console: Console) -> Any:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `infra` command group to an argparse subparsers object."""
-    from ..backends.aws.infra.config import DEFAULT_CONFIG
+    from stoker.backends.aws.infra.config import DEFAULT_CONFIG
 
     infra = subparsers.add_parser(
         "infra", help="create, show and remove the AWS resources for @batch (plan / apply / destroy / status)",
@@ -74,7 +74,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace, required: bool = True) -> Any:
     """The config from --config (or ./stoker-infra.toml); None when not required and neither exists."""
-    from ..backends.aws.infra.config import DEFAULT_CONFIG, load_config
+    from stoker.backends.aws.infra.config import DEFAULT_CONFIG, load_config
 
     if getattr(args, "name", None) and not args.config:
         return None
@@ -84,7 +84,7 @@ def _config(args: argparse.Namespace, required: bool = True) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from ..backends.aws.infra.config import TEMPLATE
+    from stoker.backends.aws.infra.config import TEMPLATE
 
     path = Path(args.config)
     if path.exists() and not args.force:
@@ -107,20 +107,20 @@ def print_plan(plan: Any, console: Console) -> None:
 
 
 def _symbol(action: str) -> str:
-    from ..backends.aws.infra.plan import SYMBOLS
+    from stoker.backends.aws.infra.plan import SYMBOLS
 
     return SYMBOLS[action]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..backends.aws.infra import plan
+    from stoker.backends.aws.infra import plan
 
     print_plan(plan(_config(args)), _console())
     return 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from ..backends.aws.infra import apply
+    from stoker.backends.aws.infra import apply
 
     console = _console()
     result = apply(_config(args), report=_say(console), timeout=args.timeout,
@@ -134,8 +134,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
-    from ..backends.aws.infra import destroy
-    from ..backends.aws.infra.state import default_name
+    from stoker.backends.aws.infra import destroy
+    from stoker.backends.aws.infra.state import default_name
 
     cfg = _config(args, required=False)
     name = cfg.name if cfg else (args.name or default_name())
@@ -156,7 +156,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..backends.aws.infra import status
+    from stoker.backends.aws.infra import status
 
     rows, outputs = status(_config(args, required=False), name=args.name)
     if args.json:

@@ -8,7 +8,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -28,12 +28,12 @@ def client_command(flow: str, args: argparse.Namespace) -> int:
     """Dispatch the flow CLI's `logs`, `dump` and `tag` commands for ``flow``."""
     quiet = bool(getattr(args, "quiet", False))
     if args.command == "dump":
-        from .dump import dump
+        from stoker.cli.dump import dump
 
         return dump(flow, args.input_path, private=args.private, max_value_size=args.max_value_size,
                     include=args.include, file=args.file, quiet=quiet)
     if args.command == "tag":
-        from .tag import tag_command
+        from stoker.cli.tag import tag_command
 
         return tag_command(flow, args, quiet)
     streams = [s for s in ("stdout", "stderr") if getattr(args, s)] or \
@@ -45,7 +45,7 @@ def show_logs(flow: str, input_path: str, streams: list[str], *, timestamps: boo
               attempt: int | None = None, quiet: bool = False) -> int:
     """Metaflow's `logs`: for each task of RUN/STEP (or the one task), a header on stderr, then each stream's
     name (on stderr) and its lines (on stdout)."""
-    from ..client import Run, Task
+    from stoker.client import Run, Task
 
     parts = input_path.strip("/").split("/")
     if parts and parts[0] == flow and len(parts) > 2:
@@ -56,7 +56,8 @@ def show_logs(flow: str, input_path: str, streams: list[str], *, timestamps: boo
     if len(parts) == 3:
         tasks = [Task(f"{flow}/{'/'.join(parts)}", attempt=attempt)]
     else:
-        tasks = [t if attempt is None else Task(t.pathspec, attempt=attempt) for t in Run(f"{flow}/{parts[0]}")[parts[1]]]
+        tasks = [t if attempt is None else Task(t.pathspec, attempt=attempt)
+                 for t in Run(f"{flow}/{parts[0]}")[parts[1]]]
     if not tasks:
         raise ConfigError(f"No Tasks found at {input_path} -- either none exist or none have started yet")
     for t in tasks:
@@ -77,7 +78,7 @@ def show_logs(flow: str, input_path: str, streams: list[str], *, timestamps: boo
 
 
 def print_logs(pathspec: str, stderr: bool = False, attempt: int | None = None, all_attempts: bool = False) -> int:
-    from ..client import Run, Task
+    from stoker.client import Run, Task
 
     parts = pathspec.strip("/").split("/")
     if len(parts) < 3:
@@ -106,10 +107,10 @@ def print_engine_logs(pathspec: str, follow: bool = False, out=None) -> int:
     """`stoker logs FLOW/RUN[/STEP[/TASK]] --engine [--follow]`: what the engine itself recorded for each node
     of each job of the run (CloudWatch Logs on AWS Batch, the per-node files on Slurm), every attempt, each line
     prefixed with its step, task, node and attempt. With --follow, new lines as they come until every job ends."""
-    from ..backends import make_backend
-    from ..runtime.executor import EXITED
-    from ..store.blobs import open_store
-    from .guardian import job_refs
+    from stoker.backends import make_backend
+    from stoker.cli.guardian import job_refs
+    from stoker.runtime.executor import EXITED
+    from stoker.store.blobs import open_store
 
     out = out or sys.stdout
     parts = pathspec.strip("/").split("/")

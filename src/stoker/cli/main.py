@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import ConfigError
-from .errors import run_cli
+from stoker.cli.errors import run_cli
+from stoker.errors import ConfigError
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from ..client import Flow, Metaflow, namespace
-    from .listing import print_runs
+    from stoker.cli.listing import print_runs
+    from stoker.client import Flow, Metaflow, namespace
 
     if args.all:
         namespace(None)
@@ -29,15 +29,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import json
 
-    from ..client import Run
-    from .listing import show_lines, show_record, width
+    from stoker.cli.listing import show_lines, show_record, width
+    from stoker.client import Run
 
     parts = args.pathspec.strip("/").split("/")
     if len(parts) != 2:
         raise ConfigError(f"show {args.pathspec}: give FLOW/RUN (see `stoker runs`)")
     run = Run(args.pathspec)
-    from ..backends.aws.cost import run_cost
-    from ..errors import StokerError
+    from stoker.backends.aws.cost import run_cost
+    from stoker.errors import StokerError
 
     try:  # node-hours and estimated cost, when something ran off this machine
         summary = run_cost(run._store, run.flow_name, run.id)
@@ -53,7 +53,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from .logs import print_engine_logs, print_logs
+    from stoker.cli.logs import print_engine_logs, print_logs
 
     if args.engine or args.follow:
         return print_engine_logs(args.pathspec, follow=args.follow)
@@ -61,8 +61,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    from ..store.blobs import open_store
-    from .guardian import kill_run
+    from stoker.cli.guardian import kill_run
+    from stoker.store.blobs import open_store
 
     parts = args.pathspec.strip("/").split("/")
     if len(parts) != 2:
@@ -73,7 +73,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     import os
 
-    from ..recipes import quickstart_path
+    from stoker.recipes import quickstart_path
 
     path = str(quickstart_path())
     print(f"stoker quickstart: python {path} run {' '.join(args.rest)}".rstrip(), flush=True)
@@ -112,18 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="passed to `run` (e.g. --set train.steps=50)")
     p.set_defaults(fn=cmd_quickstart)
     try:
-        from .data import register as register_data
+        from stoker.cli.data import register as register_data
 
         register_data(sub)
     except ImportError:  # the data layer is optional at import time
         pass
-    from .image import register as register_image
-    from .infra import register as register_infra
+    from stoker.cli.image import register as register_image
+    from stoker.cli.infra import register as register_infra
 
     register_image(sub)
     register_infra(sub)
-    from .cards import register as register_cards
-    from .ui import register as register_ui
+    from stoker.cli.cards import register as register_cards
+    from stoker.cli.ui import register as register_ui
 
     register_cards(sub)
     register_ui(sub)

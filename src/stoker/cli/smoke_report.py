@@ -6,9 +6,9 @@ from typing import Any
 
 
 def smoke_lines(flow: str, result: Any, store: Any) -> list[str]:
-    from ..backends.aws.cost import run_cost
-    from ..backends.aws.instances import price_per_hour
-    from ..runtime.smoke import read_record
+    from stoker.backends.aws.cost import run_cost
+    from stoker.backends.aws.instances import price_per_hour
+    from stoker.distributed.smoke import read_record
 
     shrunk = read_record(store, flow, result.run_id)
     cost = run_cost(store, flow, result.run_id)
@@ -37,7 +37,7 @@ def smoke_lines(flow: str, result: Any, store: Any) -> list[str]:
 
 
 def print_smoke_report(flow: str, result: Any) -> None:
-    from ..store.blobs import open_store
+    from stoker.store.blobs import open_store
 
     try:
         lines = smoke_lines(flow, result, open_store())

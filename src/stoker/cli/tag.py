@@ -8,7 +8,7 @@ import sys
 from itertools import chain
 from typing import Any
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 _HEADER = ["", "System tags and *tags*; only *tags* can be modified",
            "--------------------------------------------------------", ""]
@@ -50,7 +50,7 @@ def _echo(text: str, quiet: bool = False, err: bool = True) -> None:
 
 def _run(flow: str, run_id: str | None, ns: str | None) -> Any:
     """The run ``flow/run_id`` looked up in namespace ``ns``, or a ConfigError saying what to pass."""
-    from ..client import Flow, NamespaceMismatch, NotFound, Run, namespace
+    from stoker.client import Flow, NamespaceMismatch, NotFound, Run, namespace
 
     namespace(ns)
     try:
@@ -117,7 +117,7 @@ def _print_run(run: Any, quiet: bool) -> None:
 
 def tag_command(flow: str, args: Any, quiet: bool = False) -> int:
     """Run `tag add|remove|replace|list` for ``flow`` as Metaflow's tag CLI does."""
-    from ..store.paths import current_user
+    from stoker.store.paths import current_user
 
     cmd = args.tag_command
     if cmd == "list":
@@ -143,8 +143,8 @@ def tag_command(flow: str, args: Any, quiet: bool = False) -> int:
 
 
 def _list(flow: str, args: Any, quiet: bool) -> int:
-    from ..client import Flow, NotFound, namespace
-    from ..store.paths import current_user
+    from stoker.client import Flow, NotFound, namespace
+    from stoker.store.paths import current_user
 
     run_id, list_all = args.run_id, args.list_all
     if run_id is None and args.arg_run_id is None and not list_all and not args.my_runs:

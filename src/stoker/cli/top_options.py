@@ -11,7 +11,7 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 
 class TopOptionError(ConfigError):

@@ -8,19 +8,19 @@ from __future__ import annotations
 import argparse
 import secrets
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..ui.app import LOOPBACK_NAMES, create_app, is_loopback
+        from stoker.ui.app import LOOPBACK_NAMES, create_app, is_loopback
     except ImportError as e:
         raise ConfigError(f"stoker ui needs starlette and uvicorn ({e}): pip install 'stoker[ui]'") from None
-    from ..store.blobs import open_store
-    from ..store.metadata import MetadataDB
-    from ..store.paths import default_db_path
+    from stoker.store.blobs import open_store
+    from stoker.store.metadata import MetadataDB
+    from stoker.store.paths import default_db_path
 
     token = args.token
     loopback = is_loopback(args.host)

@@ -97,10 +97,12 @@ class PackedDataset:
         return out
 
     def __repr__(self) -> str:
-        return f"PackedDataset({str(self.root)!r}, split={self.split!r}, blocks={len(self)}, block_size={self.block_size})"
+        return (f"PackedDataset({str(self.root)!r}, split={self.split!r}, blocks={len(self)}, "
+                f"block_size={self.block_size})")
 
 
-def open_dataset(ref_or_url: DatasetRef | str | os.PathLike, split: str = "train", verify: str = "lazy") -> PackedDataset:
+def open_dataset(ref_or_url: DatasetRef | str | os.PathLike, split: str = "train",
+                 verify: str = "lazy") -> PackedDataset:
     """Open one split of a prepared dataset (a :class:`DatasetRef`, a folder, or an fsspec URL).
 
     Remote datasets are downloaded once into ``$STOKER_HOME/cache/datasets/<fingerprint>``. ``verify``:

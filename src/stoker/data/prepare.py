@@ -408,7 +408,8 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
     stored = sum(s["num_tokens"] for s in splits.values())
     seen = progress.tokens
     manifest = {
-        "format": layout.FORMATS[cfg.format], "fingerprint": fingerprint, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "format": layout.FORMATS[cfg.format], "fingerprint": fingerprint,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source": described, "tokenizer": tok.describe(), "block_size": cfg.block_size, "dtype": dtype.name,
         "settings": {k: v for k, v in asdict(cfg).items() if k not in ("output", "progress", "overwrite", "source",
                                                                       "tokenizer", "block_size")},

@@ -5,17 +5,17 @@ Adding a decorator is one new module here: a StepDecorator subclass that overrid
 `name = make_step_decorator(TheClass)`, and a line below (and in `stoker/__init__.py` to export it).
 """
 
-from ..flow.decorators import parallel, step
-from .card import card
-from .catch import catch
-from .environment import environment
-from .monitor import monitor, neuron_monitor
-from .project import project
-from .resources import resources
-from .retry import retry
-from .secrets import get_secret, secrets
-from .timeout import timeout
-from .torchrun import torchrun
+from stoker.features.card import card
+from stoker.features.catch import catch
+from stoker.features.environment import environment
+from stoker.features.monitor import monitor, neuron_monitor
+from stoker.features.project import project
+from stoker.features.resources import resources
+from stoker.features.retry import retry
+from stoker.features.secrets import get_secret, secrets
+from stoker.features.timeout import timeout
+from stoker.features.torchrun import torchrun
+from stoker.flow.decorators import parallel, step
 
 __all__ = ["card", "catch", "environment", "get_secret", "monitor", "neuron_monitor", "parallel", "project",
            "resources", "retry", "secrets", "step", "timeout", "torchrun"]

@@ -6,9 +6,9 @@ on success and on failure, the step's cards are written to the store. Writing a 
 
 from __future__ import annotations
 
-from ..errors import ConfigError
-from ..flow.decorators import StepDecorator, TaskContext, make_step_decorator
-from .hooks import every_task
+from stoker.errors import ConfigError
+from stoker.features.hooks import every_task
+from stoker.flow.decorators import StepDecorator, TaskContext, make_step_decorator
 
 
 class CardDecorator(StepDecorator):
@@ -43,10 +43,10 @@ class TaskCards(StepDecorator):
 
     @staticmethod
     def preload() -> None:
-        from ..cards import runtime  # noqa: F401  (platform, uuid, html: ~10 ms)
+        from stoker.cards import runtime  # noqa: F401  (platform, uuid, html: ~10 ms)
 
     def task_started(self, ctx: TaskContext) -> None:
-        from ..cards.runtime import start_task_cards
+        from stoker.cards.runtime import start_task_cards
 
         ctx.state["card"] = start_task_cards(ctx.func, ctx.spec, ctx.store)  # the step's @card decorators
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 import traceback
 
-from ..errors import StokerError
-from ..flow.decorators import StepCall, StepDecorator, TaskContext, make_step_decorator
-from ..redact import redact_text
+from stoker.errors import StokerError
+from stoker.flow.decorators import StepCall, StepDecorator, TaskContext, make_step_decorator
+from stoker.redact import redact_text
 
 FALLBACK_ATTEMPTS = 3  # Metaflow's NUM_FALLBACK_RETRIES
 NOT_CAUGHT_ON = ("foreach", "parallel", "switch")  # step kinds @catch cannot complete

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ConfigError
-from ..flow.decorators import StepDecorator, TaskContext, make_step_decorator
-from ..redact import REDACTED
+from stoker.errors import ConfigError
+from stoker.flow.decorators import StepDecorator, TaskContext, make_step_decorator
+from stoker.redact import REDACTED
 
 
 class EnvironmentDecorator(StepDecorator):

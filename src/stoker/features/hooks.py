@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..flow.decorators import StepCall, StepDecorator, TaskContext, task_decorators
+from stoker.flow.decorators import StepCall, StepDecorator, TaskContext, task_decorators
 
 _EVERY_TASK: list[StepDecorator] = []
 

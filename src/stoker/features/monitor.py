@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import ConfigError
-from ..flow.decorators import StepDecorator, TaskContext, make_step_decorator
+from stoker.errors import ConfigError
+from stoker.flow.decorators import StepDecorator, TaskContext, make_step_decorator
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ class MonitorDecorator(StepDecorator):
             return
         s = ctx.spec
         try:
-            from ..monitor.monitor import Monitor
-            from ..store.series import series_prefix
+            from stoker.monitor.monitor import Monitor
+            from stoker.store.series import series_prefix
 
             a = self.attributes
             node = ctx.parallel.node_index
@@ -59,7 +59,7 @@ class MonitorDecorator(StepDecorator):
             except Exception:  # noqa: BLE001
                 log.debug("stopping the monitor failed", exc_info=True)
         try:
-            from ..cards.monitor_card import write_monitor_card
+            from stoker.cards.monitor_card import write_monitor_card
 
             s = ctx.spec
             write_monitor_card(ctx.store, s.flow, s.run_id, s.step, s.task_id, s.attempt, final=True)

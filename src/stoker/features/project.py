@@ -7,9 +7,9 @@ The naming rules (branches, system tags) are in stoker.flow.project; here, what 
 
 from __future__ import annotations
 
-from ..flow.current import current
-from ..flow.decorators import FlowDecorator, TaskContext
-from ..flow.project import BRANCH_TAG, PROJECT_TAG, project_from_tags
+from stoker.flow.current import current
+from stoker.flow.decorators import FlowDecorator, TaskContext
+from stoker.flow.project import BRANCH_TAG, PROJECT_TAG, project_from_tags
 
 
 class ProjectDecorator(FlowDecorator):

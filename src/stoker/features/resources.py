@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..flow.decorators import StepDecorator, make_step_decorator
+from stoker.flow.decorators import StepDecorator, make_step_decorator
 
 
 class ResourcesDecorator(StepDecorator):

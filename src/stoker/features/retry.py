@@ -7,7 +7,7 @@ A preemption is retried without counting against `times`, and a permanent error 
 
 from __future__ import annotations
 
-from ..flow.decorators import StepDecorator, make_step_decorator
+from stoker.flow.decorators import StepDecorator, make_step_decorator
 
 
 class RetryDecorator(StepDecorator):

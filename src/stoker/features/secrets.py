@@ -11,10 +11,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
-from ..flow.decorators import StepCall, StepDecorator, TaskContext, get_decorator, make_step_decorator
-from ..flow.secrets import SecretsError, SecretSpec, _conf, _fetch, get_secret
-from ..redact import REDACTED, SECRET_ENV_PREFIX, redact_text
+from stoker.errors import ConfigError
+from stoker.flow.decorators import StepCall, StepDecorator, TaskContext, get_decorator, make_step_decorator
+from stoker.flow.secrets import SecretsError, SecretSpec, _conf, _fetch, get_secret
+from stoker.redact import REDACTED, SECRET_ENV_PREFIX, redact_text
 
 __all__ = ["SecretsDecorator", "get_secret", "install_secrets", "remove_secrets", "secrets"]
 REDACT_ENV = SECRET_ENV_PREFIX + "_SECRETS_"  # + NAME: what stoker.redact knows of a fetched value

@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from ..errors import ConfigError, StokerError
-from ..flow.decorators import StepCall, StepDecorator, TaskContext, make_step_decorator
+from stoker.errors import ConfigError, StokerError
+from stoker.flow.decorators import StepCall, StepDecorator, TaskContext, make_step_decorator
 
 
 class StepTimeout(StokerError):

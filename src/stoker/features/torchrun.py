@@ -1,13 +1,13 @@
 """`@torchrun(nproc_per_node=None, ...)`: a gang step whose nodes launch torchrun.
 
 In the step, `current.torch.run(entrypoint="pkg.module", args={...})` starts torchrun with the gang's
-`--nnodes/--node_rank/--master_addr/--master_port` (runtime/torchrun.py does the launching).
+`--nnodes/--node_rank/--master_addr/--master_port` (distributed/torchrun.py does the launching).
 """
 
 from __future__ import annotations
 
-from ..flow.current import current
-from ..flow.decorators import ParallelDecorator, TaskContext, make_step_decorator
+from stoker.flow.current import current
+from stoker.flow.decorators import ParallelDecorator, TaskContext, make_step_decorator
 
 
 class TorchrunDecorator(ParallelDecorator):
@@ -25,7 +25,7 @@ class TorchrunDecorator(ParallelDecorator):
 
     def task_started(self, ctx: TaskContext) -> None:
         # the launcher lives with the rest of the task's process machinery (it is imported only by such steps)
-        from ..runtime.torchrun import TorchrunHelper
+        from stoker.distributed.torchrun import TorchrunHelper
 
         current._set(torch=TorchrunHelper.for_task(ctx.func, ctx.parallel))
 

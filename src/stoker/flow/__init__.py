@@ -1,22 +1,12 @@
-"""The flow API: FlowSpec, @step, decorators, run inputs, `current` and the static graph."""
+"""The flow API: FlowSpec, @step, run inputs, `current` and the static graph. The step decorators live one layer
+up, each in its own module of stoker.features (`from stoker import retry, ...`)."""
 
-from .current import current
-from .decorators import parallel, step
-from .graph import FlowGraph
-from .lint import lint
-from .parameters import Config, IncludeFile, JSONType, Parameter
-from .spec import FlowSpec, MergeArtifactsError
+from stoker.flow.current import current
+from stoker.flow.decorators import parallel, step
+from stoker.flow.graph import FlowGraph
+from stoker.flow.lint import lint
+from stoker.flow.parameters import Config, IncludeFile, JSONType, Parameter
+from stoker.flow.spec import FlowSpec, MergeArtifactsError
 
-__all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
-           "timeout", "resources", "environment", "parallel", "torchrun", "FlowGraph", "lint",
-           "MergeArtifactsError"]
-_FEATURES = {"retry", "catch", "timeout", "resources", "environment", "torchrun"}
-
-
-def __getattr__(name: str) -> object:
-    """The decorators that moved to stoker.features (one module each), still importable from here."""
-    if name in _FEATURES:
-        from .. import features
-
-        return getattr(features, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "parallel",
+           "FlowGraph", "lint", "MergeArtifactsError"]

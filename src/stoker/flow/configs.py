@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import ConfigError
+from stoker.errors import ConfigError
 
 ID_PATTERN = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 UNPACK_KEY = "_unpacked_delayed_"

@@ -88,8 +88,8 @@ class Current:
         path = self.pathspec
         if path is None:
             return None
-        from ..client import Task
-        from ..client.namespaces import NotFound
+        from stoker.client import Task
+        from stoker.client.namespaces import NotFound
 
         try:
             return Task(path, _namespace_check=False)
@@ -103,7 +103,7 @@ class Current:
         registration then changes nothing); False when the index cannot be reached from here."""
         import socket
 
-        from ..client.base import client_db
+        from stoker.client.base import client_db
 
         v = self._values
         try:
@@ -122,7 +122,7 @@ class Current:
         flow, run_id = self._values.get("flow_name"), self._values.get("run_id")
         if flow is None or run_id is None:
             return None
-        from ..client import Run
+        from stoker.client import Run
 
         return Run(f"{flow}/{run_id}", _namespace_check=False)
 

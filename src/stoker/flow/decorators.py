@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from .configs import UNPACK_KEY, has_delayed, resolve_delayed, unpack_delayed
+from stoker.errors import ConfigError
+from stoker.flow.configs import UNPACK_KEY, has_delayed, resolve_delayed, unpack_delayed
 
 StepCall = Callable[[], Any]
 
@@ -263,7 +263,7 @@ parallel = make_step_decorator(ParallelDecorator)
 
 def parse_with(spec: str) -> StepDecorator:
     """`retry:times=2,minutes_between_retries=0` -> RetryDecorator. Values are parsed as JSON when possible."""
-    from .parameters import parse_override_value
+    from stoker.flow.parameters import parse_override_value
 
     name, _, rest = spec.partition(":")
     name = name.strip()

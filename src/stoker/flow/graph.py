@@ -10,7 +10,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from .decorators import ParallelDecorator
+from stoker.flow.decorators import ParallelDecorator
 
 RESERVED = {"next", "input", "index", "foreach_stack", "merge_artifacts", "name", "script_name", "cmd"}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import GraphError
-from .graph import RESERVED, FlowGraph, StepNode
+from stoker.errors import GraphError
+from stoker.flow.graph import RESERVED, FlowGraph, StepNode
 
 
 def collect_problems(graph: FlowGraph, parameters: dict[str, Any]) -> list[tuple[str, str]]:

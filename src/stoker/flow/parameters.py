@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import ConfigError
-from .configs import NOT_CONFIG_KEYS, UNPACK_KEY, ConfigValue, DelayEvaluator, delayed_attribute
+from stoker.errors import ConfigError
+from stoker.flow.configs import NOT_CONFIG_KEYS, UNPACK_KEY, ConfigValue, DelayEvaluator, delayed_attribute
 
 _MISSING = object()
 

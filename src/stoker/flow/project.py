@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from .decorators import get_flow_decorator
+from stoker.errors import ConfigError
+from stoker.flow.decorators import get_flow_decorator
 
 # as Metaflow: other systems that see these names may rely on these limits
 VALID_NAME_RE = "[^a-z0-9_]"

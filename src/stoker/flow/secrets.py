@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError, StokerError
+from stoker.errors import ConfigError, StokerError
 
 DISALLOWED_PREFIXES = ("METAFLOW_", "STOKER_")
 _ENV_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

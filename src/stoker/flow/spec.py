@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..errors import StokerError
-from .parameters import Config, Parameter
+from stoker.errors import StokerError
+from stoker.flow.parameters import Config, Parameter
 
 # Set by stoker/__init__.py: runs the `python flow.py ...` command line (flow/ must not import cli/).
 CLI_HOOK: Callable[[type], Any] | None = None

@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Any
 
-from ..store.blobs import BlobStore
-from ..store.series import SeriesWriter
-from .samplers import NeuronMonitorSampler, NvmlSampler, ProcessTreeSampler, find_neuron_monitor
+from stoker.monitor.samplers import NeuronMonitorSampler, NvmlSampler, ProcessTreeSampler, find_neuron_monitor
+from stoker.store.blobs import BlobStore
+from stoker.store.series import SeriesWriter
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def build_samplers(interval: float, *, gpu: bool | None = None, neuron: bool | N
         try:
             samplers.append(NvmlSampler(nvml))
         except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, no GPU ...
-            from .host import local_gpu_count
+            from stoker.monitor.host import local_gpu_count
 
             if gpu or local_gpu_count() > 0:
                 hint = ("install nvidia-ml-py (pip install nvidia-ml-py)" if isinstance(exc, ImportError)

@@ -3,7 +3,7 @@
 See docs/concepts.md ("Running flows from Python"). Importing this package imports no torch.
 """
 
-from .nbrun import NBRunner, NBRunnerInitializationError
-from .runner import ExecutingProcess, ExecutingRun, Runner
+from stoker.runner.nbrun import NBRunner, NBRunnerInitializationError
+from stoker.runner.runner import ExecutingProcess, ExecutingRun, Runner
 
 __all__ = ["Runner", "NBRunner", "NBRunnerInitializationError", "ExecutingRun", "ExecutingProcess"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ..store.paths import default_db_path, default_store_url, home_dir
+from stoker.store.paths import default_db_path, default_store_url, home_dir
 
 
 def runner_attributes(flow_name: str, run_id: str) -> dict[str, str]:
@@ -23,7 +23,7 @@ def write_runner_attributes(path: str | None, flow_name: str) -> str | None:
     return the id, which the run must then use; without one: None."""
     if not path:
         return None
-    from ..runtime.launch import new_run_id
+    from stoker.runtime.launch import new_run_id
 
     run_id = new_run_id()
     with open(path, "w", encoding="utf-8") as f:

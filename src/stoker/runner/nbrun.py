@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any
 
-from .runner import ExecutingRun, Runner
+from stoker.runner.runner import ExecutingRun, Runner
 
 
 class NBRunnerInitializationError(Exception):

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .process import (
+from stoker.errors import ConfigError
+from stoker.runner.process import (
     CommandManager,
     SubprocessManager,
     _exited,
@@ -55,7 +55,7 @@ def _stoker_root() -> str:
 
 def flow_class_from_file(flow_file: str) -> type:
     """The FlowSpec subclass defined in `flow_file` (imported as Metaflow's Runner does, without running it)."""
-    from ..flow.spec import FlowSpec
+    from stoker.flow.spec import FlowSpec
 
     if not os.path.exists(flow_file):
         raise FileNotFoundError(f"Flow file not present at '{flow_file}'")
@@ -93,7 +93,7 @@ def _check_type(key: str, p: Any, value: Any) -> None:
 
 def _options(kwargs: dict[str, Any], known: dict[str, str | None], params: dict[str, Any]) -> list[str]:
     """`--name value` items for `kwargs`, checked against the known options and the flow's parameters."""
-    from ..flow.parameters import JSONType
+    from stoker.flow.parameters import JSONType
 
     out: list[str] = []
     positional: list[str] = []
@@ -201,9 +201,9 @@ _DBS: dict[str, Any] = {}
 def _client_run(attrs: dict[str, str], cmd: CommandManager, timeout: float) -> Any:
     """The client Run named by the runner attributes, read where the flow process writes it. The process names
     its run a moment before registering it: wait for it (until `timeout`, or the process has ended)."""
-    from ..client import Run
-    from ..store.blobs import open_store
-    from ..store.metadata import MetadataDB
+    from stoker.client import Run
+    from stoker.store.blobs import open_store
+    from stoker.store.metadata import MetadataDB
 
     pathspec = f"{attrs['flow_name']}/{attrs['run_id']}"
     db_path = attrs.get("db")
@@ -244,7 +244,7 @@ class Runner:
         self.spm = SubprocessManager()
         self.top_level_kwargs = kwargs
         self.flow_cls = flow_class_from_file(self.flow_file)
-        from ..flow.parameters import Parameter
+        from stoker.flow.parameters import Parameter
 
         self._params = {p.name.replace("-", "_").lower(): p for p in self.flow_cls._run_inputs().values()
                         if isinstance(p, Parameter)}

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .spec import TaskSpec
+from stoker.runtime.spec import TaskSpec
 
 QUEUED, RUNNING, EXITED = "queued", "running", "exited"
 # stream output: sink(ref, member, stream, data)

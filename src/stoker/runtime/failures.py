@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import EXIT_PERMANENT, EXIT_PREEMPTED
+from stoker._process import kill_grace  # noqa: F401  (its home: process lifetimes; imported from here too)
+from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED
 
 PREEMPTED, PERMANENT = "preempted", "permanent"
 # the run's final hint says "fix it and run again" (not `resume`) when every failure carries this
@@ -28,16 +29,6 @@ def max_preemptions(env: dict[str, str] | None = None) -> int:
         return max(0, int(env.get("STOKER_MAX_PREEMPTIONS", "10")))
     except ValueError:
         return 10
-
-
-def kill_grace(env: dict[str, str] | None = None) -> float:
-    """Seconds between SIGTERM and SIGKILL when stoker stops a task (`$STOKER_KILL_GRACE`, default 30): long
-    enough for a training step to finish and its checkpoint to be committed."""
-    env = os.environ if env is None else env
-    try:
-        return max(0.0, float(env.get("STOKER_KILL_GRACE", "30")))
-    except ValueError:
-        return 30.0
 
 
 def failure_kind(manifest: dict | None, exit_code: int | None) -> str | None:

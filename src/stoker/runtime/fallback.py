@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from ..features.hooks import fallback_attempts
+from stoker.features.hooks import fallback_attempts
 
 
 def died_how(code: int) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..flow.configs import bind_configs, needs_binding
-from ..flow.parameters import Config
-from ..flow.project import ProjectInfo, project_info
+from stoker.flow.configs import bind_configs, needs_binding
+from stoker.flow.parameters import Config
+from stoker.flow.project import ProjectInfo, project_info
 
 
 def bind_run(flow_cls: type, values: dict[str, Any], user: str, project_options: dict[str, Any] | None = None,
@@ -28,8 +28,8 @@ def bind_task_configs(flow_cls: type, spec: Any, store: Any = None) -> None:
     """A task in a new process: evaluate config expressions in decorators with its run's Config values."""
     if not needs_binding(flow_cls):
         return
-    from ..store.artifacts import load_artifact
-    from ..store.blobs import open_store
+    from stoker.store.artifacts import load_artifact
+    from stoker.store.blobs import open_store
 
     store = store or open_store(spec.store_url or None)
     inputs = flow_cls._run_inputs()

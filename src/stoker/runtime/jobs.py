@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from ..features.hooks import deadline, resources_request
-from ..flow.decorators import get_decorator
-from ..store.manifest import run_prefix
-from .executor import Backend, JobRef, Unit
-from .resources import KEYS
-from .spec import TaskSpec
+from stoker.features.hooks import deadline, resources_request
+from stoker.flow.decorators import get_decorator
+from stoker.runtime.executor import Backend, JobRef, Unit
+from stoker.runtime.resources import KEYS
+from stoker.runtime.spec import TaskSpec
+from stoker.store.manifest import run_prefix
 
 
 def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec], store_url: str,

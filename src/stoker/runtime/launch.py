@@ -14,28 +14,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, StokerError
-from ..flow.decorators import apply_with, get_decorator
-from ..flow.graph import FlowGraph
-from ..flow.lint import lint
-from ..flow.parameters import _MISSING, Config, ParameterContext
-from ..redact import REDACTED, redact_with_spec
-from ..store.artifacts import save_artifact, secret_descriptor
-from ..store.blobs import BlobStore, open_store
-from ..store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
-from ..store.metadata import MetadataDB
-from ..store.paths import current_user, default_db_path, default_store_url, home_dir
-from ..store.signing import finite_json, store_key
-from .accel import nproc_problem, step_request
-from .executor import Backend, JobRef, Unit
-from .failures import FIX_AND_RERUN
-from .flowhooks import bind_default_configs, bind_run
-from .jobs import build_unit
-from .output import Display
-from .package import stage_package
-from .queue import frames_key
-from .scheduler import Router, RunResult, Scheduler
-from .spec import TaskSpec
+from stoker.distributed.accel import nproc_problem, step_request
+from stoker.errors import ConfigError, StokerError
+from stoker.flow.decorators import apply_with, get_decorator
+from stoker.flow.graph import FlowGraph
+from stoker.flow.lint import lint
+from stoker.flow.parameters import _MISSING, Config, ParameterContext
+from stoker.redact import REDACTED, redact_with_spec
+from stoker.runtime.executor import Backend, JobRef, Unit
+from stoker.runtime.failures import FIX_AND_RERUN
+from stoker.runtime.flowhooks import bind_default_configs, bind_run
+from stoker.runtime.jobs import build_unit
+from stoker.runtime.output import Display
+from stoker.runtime.package import stage_package
+from stoker.runtime.queue import frames_key
+from stoker.runtime.scheduler import Router, RunResult, Scheduler
+from stoker.runtime.spec import TaskSpec
+from stoker.store.artifacts import save_artifact, secret_descriptor
+from stoker.store.blobs import BlobStore, open_store
+from stoker.store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
+from stoker.store.metadata import MetadataDB
+from stoker.store.paths import current_user, default_db_path, default_store_url, home_dir
+from stoker.store.signing import finite_json, store_key
 
 
 def new_run_id() -> str:
@@ -193,7 +193,8 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
         db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
                       origin_run_id=origin_run_id, system_tags=system_tags)
         record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
-                  "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [], "system_tags": system_tags,
+                  "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [],
+                  "system_tags": system_tags,
                   "with": [redact_with_spec(w) for w in with_specs],
                   "flow_file": flow_file, "created_at": time.time(), "status": "running",
                   "pid": os.getpid(), "host": socket.gethostname(),
@@ -250,7 +251,7 @@ def _bind_backends(flow_cls: type, graph: FlowGraph, router: Router, store: Blob
     """Give each backend the run uses the in-process task entrypoint (a backend that forks members calls it) and
     have the one that runs `start` get ready now (the local fork server: forked and preloading while the run is
     registered); the backends it started, which the caller closes if the run fails before its scheduler runs."""
-    from .task import preload, run_task
+    from stoker.runtime.task import preload, run_task
 
     used = {router(n.name).name: router(n.name) for n in graph}
     for b in used.values():
@@ -335,7 +336,7 @@ def _jsonable(v: Any) -> bool:
 def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tuple[dict[tuple, dict], dict]:
     """Successful task manifests of the origin run keyed by (step, foreach position, pass of each recursive
     switch), and its run inputs."""
-    from ..store.artifacts import load_artifact
+    from stoker.store.artifacts import load_artifact
 
     info = read_run_record(store, flow, run_id)
     if info is None or "run_inputs" not in info:

@@ -20,12 +20,12 @@ import threading
 import time
 from collections.abc import MutableMapping
 
-from ..store.blobs import BlobStore, open_store
-from ..store.manifest import log_name
-from .accel import node_env, step_request
-from .nodeenv import node_identity
-from .package import unpack_package
-from .spec import TaskSpec
+from stoker.distributed.accel import node_env, step_request
+from stoker.runtime.nodeenv import node_identity
+from stoker.runtime.package import unpack_package
+from stoker.runtime.spec import TaskSpec
+from stoker.store.blobs import BlobStore, open_store
+from stoker.store.manifest import log_name
 
 UPLOAD_EVERY_S = float(os.environ.get("STOKER_LOG_UPLOAD_INTERVAL", "5"))
 

@@ -10,7 +10,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import IO, Any
 
-from ..redact import known_secrets
+from stoker.redact import known_secrets
 
 REDACTED = b"***"
 STYLES = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
@@ -180,7 +180,7 @@ class Display:
         if self.quiet:
             return
         if self._gangs is None:
-            from .gangview import GangView
+            from stoker.runtime.gangview import GangView
 
             self._gangs = GangView()
         text = self._gangs.line(key, label, states, now)

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError, StokerError
-from ..store.blobs import BlobStore
+from stoker.errors import ConfigError, StokerError
+from stoker.store.blobs import BlobStore
 
 if TYPE_CHECKING:  # tarfile and gzip are imported where used: a local run never builds a package
     import tarfile

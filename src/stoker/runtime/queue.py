@@ -2,7 +2,8 @@
 
 A 10,000-way foreach has 10,000 pending tasks while 16 run: admission must look at the few it can start, not
 at all of them, every time one finishes. Every change of `Task.state` goes through
-`TaskIndex.moved` (the `_State` descriptor), so the counts, the per-state sets and the pending queue cannot drift from the tasks.
+`TaskIndex.moved` (the `_State` descriptor), so the counts, the per-state sets and the pending queue cannot drift
+from the tasks.
 
 The pending queue: a unit (a task, or a whole gang) enters it when it becomes pending, waits in a heap until its
 `not_before` (a retry's delay) and then sits in a ready heap, oldest first, per (step, unit size). Units of one
@@ -15,8 +16,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .executor import Backend, JobRef
-from .output import TaskOutput
+from stoker.runtime.executor import Backend, JobRef
+from stoker.runtime.output import TaskOutput
 
 STATES = ("pending", "running", "ok", "failed", "killed")
 

@@ -17,11 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import StokerError
-from ..features.hooks import attempt_delay_s, attempts_allowed, deadline
-from ..flow.graph import FlowGraph
-from ..store.blobs import BlobStore
-from ..store.manifest import (
+from stoker.errors import StokerError
+from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline
+from stoker.flow.graph import FlowGraph
+from stoker.runtime.executor import EXITED, Backend, JobRef, JobStatus, Unit
+from stoker.runtime.failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, requeue_preempted
+from stoker.runtime.fallback import crash_note, died_how, fallback_note
+from stoker.runtime.gangview import node_states
+from stoker.runtime.jobs import build_unit, job_record_name, kill_request_name, node_need
+from stoker.runtime.output import Display, TaskOutput, private_log_root, store_logs
+from stoker.runtime.package import stage_package
+from stoker.runtime.queue import Task, TaskIndex
+from stoker.runtime.resources import ResourcePool  # this machine's capacity (the module's name is not a decorator's)
+from stoker.runtime.spec import TaskSpec
+from stoker.runtime.transitions import add_gang, start_successors
+from stoker.store.blobs import BlobStore
+from stoker.store.manifest import (
     clone_manifest,
     handed_manifest,
     log_name,
@@ -29,18 +40,7 @@ from ..store.manifest import (
     manifest_outcome,
     write_manifest,
 )
-from ..store.metadata import MetadataDB
-from .executor import EXITED, Backend, JobRef, JobStatus, Unit
-from .failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, requeue_preempted
-from .fallback import crash_note, died_how, fallback_note
-from .gangview import node_states
-from .jobs import build_unit, job_record_name, kill_request_name, node_need
-from .output import Display, TaskOutput, private_log_root, store_logs
-from .package import stage_package
-from .queue import Task, TaskIndex
-from .resources import ResourcePool  # this machine's capacity (the module's name is not a decorator's)
-from .spec import TaskSpec
-from .transitions import add_gang, start_successors
+from stoker.store.metadata import MetadataDB
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/failures.py)
@@ -295,7 +295,8 @@ class Scheduler:
 
     def _flush_index(self) -> None:
         """Index this pass's starts and ends in one transaction (the store's manifests are the truth). If that
-        fails, one at a time: a failed registration is skipped (the index is a view), a failed manifest stops the run."""
+        fails, one at a time: a failed registration is skipped (the index is a view), a failed manifest stops
+        the run."""
         ops, self._index_ops = self._index_ops, []
         try:
             if ops:
@@ -508,7 +509,8 @@ class Scheduler:
         """The attempt's manifest as its member handed it over (a local member: no read, no signature check),
         else as the store has it (see manifest_outcome)."""
         data = t.backend.handed(t.job, t.member)
-        m = handed_manifest(data, self.store.url, self.flow, self.run_id, t.step, t.task_id, t.attempt) if data else None
+        m = (handed_manifest(data, self.store.url, self.flow, self.run_id, t.step, t.task_id, t.attempt)
+             if data else None)
         if m is not None:
             return m, None
         return manifest_outcome(self.store, manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt))

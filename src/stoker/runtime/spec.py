@@ -44,7 +44,7 @@ class TaskSpec:
         task that died without writing one)."""
         import socket
 
-        from ..store.manifest import log_name
+        from stoker.store.manifest import log_name
 
         par = self.parallel
         return {

@@ -15,22 +15,22 @@ import time
 import traceback
 from typing import Any
 
-from ..errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
-from ..exitstatus import exit_code_for
-from ..features.hooks import TaskHooks
-from ..flow.current import ParallelInfo, current, graph_info
-from ..flow.decorators import TaskContext
-from ..flow.graph import FlowGraph
-from ..flow.spec import FlowSpec, Inputs, _ArtifactView
-from ..redact import redact_text
-from ..store.artifacts import load_artifact, save_artifact
-from ..store.blobs import BlobStore, open_store
-from ..store.manifest import read_manifest, store_manifest
-from ..store.metrics import task_env as metrics_task_env
-from ..store.signing import seal
-from .flowhooks import bind_task_configs
-from .handover import hand_over
-from .spec import TaskSpec
+from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
+from stoker.exitstatus import exit_code_for
+from stoker.features.hooks import TaskHooks
+from stoker.flow.current import ParallelInfo, current, graph_info
+from stoker.flow.decorators import TaskContext
+from stoker.flow.graph import FlowGraph
+from stoker.flow.spec import FlowSpec, Inputs, _ArtifactView
+from stoker.redact import redact_text
+from stoker.runtime.flowhooks import bind_task_configs
+from stoker.runtime.handover import hand_over
+from stoker.runtime.spec import TaskSpec
+from stoker.store.artifacts import load_artifact, save_artifact
+from stoker.store.blobs import BlobStore, open_store
+from stoker.store.manifest import read_manifest, store_manifest
+from stoker.store.metrics import task_env as metrics_task_env
+from stoker.store.signing import seal
 
 
 def _exception_text(exc: BaseException) -> tuple[str, str]:
@@ -125,7 +125,8 @@ def _set_current(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, gra
     os.environ.update(metrics_task_env(store.url, spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt))
     if spec.parallel:
         os.environ.update(MF_PARALLEL_MAIN_IP=str(par.main_ip), MF_PARALLEL_NUM_NODES=str(par.num_nodes),
-                          MF_PARALLEL_NODE_INDEX=str(par.node_index), MF_PARALLEL_CONTROL_TASK_ID=str(par.control_task_id))
+                          MF_PARALLEL_NODE_INDEX=str(par.node_index),
+                          MF_PARALLEL_CONTROL_TASK_ID=str(par.control_task_id))
     return par
 
 
@@ -199,7 +200,7 @@ def preload() -> None:
     task."""
     import faulthandler  # noqa: F401
 
-    from ..features.hooks import preload as preload_hooks
+    from stoker.features.hooks import preload as preload_hooks
 
     preload_hooks()
     tempfile.gettempdir()
@@ -293,7 +294,7 @@ def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph) -> dict[str, 
 
 def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str] | None = None) -> int:
     """`python flow.py _task SPEC.json`: the subprocess form of the entrypoint (Slurm, Batch, spawn)."""
-    from ..flow.decorators import apply_with
+    from stoker.flow.decorators import apply_with
 
     with open(spec_path) as f:
         spec = TaskSpec.from_json(f.read())

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .queue import Task, frames_key
-from .smoke import cap_gang
+from stoker.distributed.smoke import cap_gang
+from stoker.runtime.queue import Task, frames_key
 
 
 class Scheduler(Protocol):

@@ -169,7 +169,8 @@ class BlobStore:
                         while view.nbytes:  # raw writes may be partial
                             view = view[f.write(view):]
             except OSError as e:
-                raise self._write_failed(self._files.failed("writing", os.path.relpath(tmp, self._files.root), e)) from e
+                raise self._write_failed(
+                    self._files.failed("writing", os.path.relpath(tmp, self._files.root), e)) from e
             key = h.hexdigest()
             self._commit(tmp, key, size)
         finally:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .blobs import BlobStore
-from .manifest import run_prefix
-from .metadata import MetadataDB
-from .series import read_series, series_prefix
+from stoker.store.blobs import BlobStore
+from stoker.store.manifest import run_prefix
+from stoker.store.metadata import MetadataDB
+from stoker.store.series import read_series, series_prefix
 
 ENV_STORE = "STOKER_METRICS_STORE"  # the store URL the trainer writes its metrics to
 ENV_PREFIX = "STOKER_METRICS_PREFIX"  # the series prefix of this task attempt's metrics

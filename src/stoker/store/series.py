@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .blobs import BlobStore
-from .manifest import run_prefix
+from stoker.store.blobs import BlobStore
+from stoker.store.manifest import run_prefix
 
 KINDS = ("metrics", "monitor")
 SUFFIXES = (".jsonl.gz", ".jsonl")

@@ -238,7 +238,8 @@ def verify(url: str, name: str, doc: dict[str, Any]) -> dict[str, Any]:
     if sig is None:
         if os.environ.get(UNSIGNED_ENV, "") in ("1", "true", "yes"):
             return doc
-        raise StoreError(f"{name} in the store {url} is not signed (written before stoker signed manifests, or by someone "
+        raise StoreError(f"{name} in the store {url} is not signed (written before stoker signed manifests, "
+                         "or by someone "
                          f"without the store's key): its artifacts are not loaded. If you trust everyone who can "
                          f"write this store, set {UNSIGNED_ENV}=1 to accept unsigned runs")
     if not isinstance(sig, str) or not hmac.compare_digest(sig, _mac(store_key(url), name, doc)):

@@ -186,7 +186,8 @@ class Checkpointer:
                         log.warning("restored checkpoint %s from an interrupted commit", self.store.url(target))
                         continue
                 if name.startswith((".tmp-", ".old-")) and _age(path) > max_age:
-                    log.info("deleting %s: a temporary checkpoint folder of an attempt that ended", self.store.url(name))
+                    log.info("deleting %s: a temporary checkpoint folder of an attempt that ended",
+                             self.store.url(name))
                     shutil.rmtree(path, ignore_errors=True)
         return uuid.uuid4().hex[:12]
 

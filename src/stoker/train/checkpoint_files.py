@@ -8,7 +8,8 @@ An extra file in a committed checkpoint folder (one its manifest does not list) 
 only what ``.metadata`` names, and ``.metadata`` is checksummed): it is ignored with a warning.
 
 The manifest is signed (HMAC-SHA256, :mod:`stoker.store.signing`) with the key of the store the run uses
-(:mod:`stoker.train.checkpoint_signing`), and its signature is checked before its checksums are trusted: loading a checkpoint
+(:mod:`stoker.train.checkpoint_signing`), and its signature is checked before its checksums are trusted:
+loading a checkpoint
 unpickles its ``.metadata``, so whoever could rewrite a manifest could otherwise run code on every reader.
 """
 
@@ -102,7 +103,8 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
     try:
         manifest = json.loads(text)
     except ValueError as e:
-        raise CheckpointError(f"{where} is not valid JSON ({e}): the checkpoint is damaged; use an earlier one") from None
+        raise CheckpointError(f"{where} is not valid JSON ({e}): the checkpoint is damaged; "
+                              "use an earlier one") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(m, dict) and "sha256" in m and "bytes" in m
                                               for m in files.values()):
@@ -393,7 +395,8 @@ def split(url: str) -> tuple[str, str]:
 def is_checkpoint(url: str) -> bool:
     """Whether ``url`` is one checkpoint (a step folder), not a folder of checkpoints."""
     store = Store(url)
-    return store.exists(MANIFEST) or store.exists(METADATA) or (is_step_name(split(url)[1]) and not store.exists(LATEST))
+    return (store.exists(MANIFEST) or store.exists(METADATA)
+            or (is_step_name(split(url)[1]) and not store.exists(LATEST)))
 
 
 def find(url: str, what: str) -> tuple[str, dict[str, Any]]:

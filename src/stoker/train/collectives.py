@@ -10,7 +10,7 @@ watchdog after --timeout seconds, so a broken fabric fails in seconds, not after
 The backend is the real one of the node (`--backend auto`): NCCL on CUDA; XLA on Neuron when torch_xla is
 importable (torch-neuronx: `dist.init_process_group("xla")`, `xm.all_reduce` on the XLA device, one compiled
 graph per message size, so keep --warmup >= 1); gloo on CPU. `--node-out` has local rank 0 of every node write
-what it measured (the gang preflight, stoker.runtime.preflight, reads it on each node).
+what it measured (the gang preflight, stoker.distributed.preflight, reads it on each node).
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ def from_dict(raw: dict[str, Any], *, source: str = "config") -> TrainConfig:
     for key, value in raw.items():
         cls = _SECTIONS.get(key)
         if cls is None:
-            raise ConfigError(f"{source}: unknown section or setting {key!r}; valid: out_dir, model, {', '.join(_SECTIONS)}")
+            raise ConfigError(f"{source}: unknown section or setting {key!r}; "
+                              f"valid: out_dir, model, {', '.join(_SECTIONS)}")
         if dataclasses.is_dataclass(value):
             kwargs[key] = value
             continue

@@ -343,7 +343,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
                           "pytorch_model*.bin; give a Hugging Face model folder")
 
 
-def load_hf(folder: str | os.PathLike[str], dtype: torch.dtype | None = None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def load_hf(folder: str | os.PathLike[str],
+            dtype: torch.dtype | None = None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """Read a Hugging Face Llama folder into a stoker config and state dict (stoker names).
 
     ``dtype`` casts the weights (default: keep the stored dtype). The state dict loads with
@@ -399,7 +400,7 @@ def source_model_config(source: str | os.PathLike[str]) -> LlamaConfig:
 def _unverified_manifest(url: str) -> dict[str, Any]:
     """The manifest of the checkpoint ``url`` names (the step folder, or the first candidate in a checkpoint
     folder whose manifest parses), without hashing its files: enough to learn the model's shape."""
-    from .checkpoint_files import LATEST, Store, candidates, is_checkpoint, parse_manifest, split
+    from stoker.train.checkpoint_files import LATEST, Store, candidates, is_checkpoint, parse_manifest, split
 
     if is_checkpoint(url):
         base, name = split(url)
@@ -425,8 +426,8 @@ def load_checkpoint_weights(checkpoint: str | os.PathLike[str], *, what: str = "
     torch.distributed.checkpoint shards of any TP/FSDP layout are read back as full tensors."""
     import torch.distributed.checkpoint as dcp
 
-    from .checkpoint_files import ERRORS, Store, describe_failure, find, split
-    from .checkpoint_objects import ObjectReader
+    from stoker.train.checkpoint_files import ERRORS, Store, describe_failure, find, split
+    from stoker.train.checkpoint_objects import ObjectReader
 
     found, manifest = find(str(checkpoint), what)
     base, name = split(found)

@@ -80,7 +80,8 @@ class StoreSink:
                  interval: float = 5.0) -> None:
         from stoker.store.blobs import open_store
 
-        self.url, self.prefix, self.tb_prefix, self.tb_dir, self.tb_flush = store_url, prefix, tb_prefix, tb_dir, tb_flush
+        self.url, self.prefix, self.tb_prefix = store_url, prefix, tb_prefix
+        self.tb_dir, self.tb_flush = tb_dir, tb_flush
         self.warned = False
         self.tb_last, self.closing = time.monotonic(), False
         self.tb_lock = threading.Lock()

@@ -181,7 +181,8 @@ def get_model_config(name: str, **overrides: Any) -> LlamaConfig:
 def _check_model_keys(overrides: dict[str, Any]) -> None:
     unknown = set(overrides) - set(LlamaConfig.__dataclass_fields__)
     if unknown:
-        raise ConfigError(f"unknown model settings {sorted(unknown)}; valid: {sorted(LlamaConfig.__dataclass_fields__)}")
+        raise ConfigError(f"unknown model settings {sorted(unknown)}; "
+                          f"valid: {sorted(LlamaConfig.__dataclass_fields__)}")
 
 
 def with_overrides(base: LlamaConfig, **overrides: Any) -> LlamaConfig:

@@ -102,7 +102,8 @@ class Trainer:
         self.seq_len = int(self.dataset.block_size) - 1
         if self.seq_len > self.model_cfg.max_seq_len:
             raise ConfigError(
-                f"the data's blocks give sequences of {self.seq_len} tokens but model {cfg.model.name or cfg.model.init_from!r} has "
+                f"the data's blocks give sequences of {self.seq_len} tokens but model "
+                f"{cfg.model.name or cfg.model.init_from!r} has "
                 f"max_seq_len={self.model_cfg.max_seq_len}; prepare the data with block_size <= "
                 f"{self.model_cfg.max_seq_len + 1} or set model.max_seq_len"
             )
@@ -126,7 +127,8 @@ class Trainer:
         fingerprint = {"model": self.model_cfg.to_dict(), "tp": self.dims.tp,
                        "optimizer_state": "fsdp" if self.fsdp else "flat"}
         layout = {"world": self.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "accum": self.accum,
-                  "global_batch": self.global_batch, "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
+                  "global_batch": self.global_batch,
+                  "dp_mode": cfg.parallel.dp_mode if self.dims.dp_enabled else "none"}
         hints = {"optimizer_state": "FSDP state resumes only under dp_mode=fsdp with 2 or more data-parallel ranks; "
                  "ZeRO-1, DDP and single-rank state resume under each other",
                  "tp": "the tensor-parallel degree must stay; the data-parallel size may change"}

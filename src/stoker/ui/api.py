@@ -9,9 +9,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from stoker.store.records import RUN_STATUSES
-
-from . import content, data
-from .safe import SERIES_KINDS, STREAMS, attempt_no, choice, component
+from stoker.ui import content, data
+from stoker.ui.safe import SERIES_KINDS, STREAMS, attempt_no, choice, component
 
 
 def _ctx(request: Request):

@@ -24,9 +24,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stoker.store.blobs import BlobStore
 from stoker.store.metadata import MetadataDB
-
-from . import api, pages
-from .content import SeriesReader
+from stoker.ui import api, pages
+from stoker.ui.content import SeriesReader
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "stoker_ui_token"

@@ -14,8 +14,7 @@ from stoker.store.blobs import BlobStore
 from stoker.store.manifest import read_run_record, run_prefix
 from stoker.store.metadata import MetadataDB
 from stoker.store.records import AttemptRecord, RunRecord
-
-from .dag import edges_from_manifests, edges_from_source, layout
+from stoker.ui.dag import edges_from_manifests, edges_from_source, layout
 
 _SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
 # a gang node stopped because another node failed says so in its exception message

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from . import data
-from .safe import component
+from stoker.ui import data
+from stoker.ui.safe import component
 
 NODE_W, NODE_H, GAP_X, GAP_Y = 150, 36, 40, 28
 
@@ -54,7 +54,8 @@ async def runs_page(request: Request) -> Response:
     q = request.query_params
     listing = data.list_runs(request.app.state.ui.db, flow=q.get("flow") or None, status=q.get("status") or None,
                              tag=q.get("tag") or None)
-    flows = "".join(f'<option{" selected" if f == q.get("flow") else ""}>{escape(f)}</option>' for f in listing["flows"])
+    flows = "".join(f'<option{" selected" if f == q.get("flow") else ""}>{escape(f)}</option>'
+                    for f in listing["flows"])
     statuses = "".join(f'<option{" selected" if s == q.get("status") else ""}>{s}</option>'
                        for s in ("running", "succeeded", "failed", "killed"))
     body = f"""<form id="filters" class="filters">
@@ -97,8 +98,10 @@ async def run_page(request: Request) -> Response:
     r = detail["run"]
     params = ", ".join(f"{escape(k)}={escape(repr(v))}" for k, v in detail["params"].items()) or "-"
     body = f"""<section class="summary"><h1>{escape(flow)}/{escape(run_id)}
-<span id="run-status" class="status {escape(r['status'])}" data-status="{escape(r['status'])}">{escape(r['status'])}</span></h1>
-<p>user {escape(r['user'] or '-')} · started {_when(r['created_at'])} · took <span id="run-took">{_took(r['duration'])}</span>
+<span id="run-status" class="status {escape(r['status'])}" \
+data-status="{escape(r['status'])}">{escape(r['status'])}</span></h1>
+<p>user {escape(r['user'] or '-')} · started {_when(r['created_at'])} · took \
+<span id="run-took">{_took(r['duration'])}</span>
 · tags {escape(', '.join(r['tags']) or '-')} · parameters {params}</p>
 <div id="failure" class="failure" hidden></div></section>
 <section><h2>DAG</h2><div id="dag-box">{dag_svg(detail['dag'])}</div></section>

@@ -13,7 +13,8 @@ class SecretsFlow(FlowSpec):
     @secrets(sources=["aws-secrets-manager.compat/db-creds",
                       {"type": "aws-secrets-manager", "id": "compat-api-key",
                        "options": {"json": False, "env_var_name": "API_KEY"}},
-                      {"type": "inline", "id": "inline-one", "options": {"env_vars": {"INLINE_TOKEN": "inl-7c2d-val"}}}])
+                      {"type": "inline", "id": "inline-one",
+                       "options": {"env_vars": {"INLINE_TOKEN": "inl-7c2d-val"}}}])
     @step
     def start(self):
         self.lengths = {k: len(os.environ.get(k, "")) for k in NAMES}

@@ -198,7 +198,8 @@ def test_containers_get_no_instance_metadata(itype, vcpus):
     assert meta["HttpPutResponseHopLimit"] == 1 and meta["HttpTokens"] == "required"
     script = _user_data_text(c)
     # appended, never overwritten: Batch's own user data part writes ECS_CLUSTER to the same file
-    assert "cat >> /etc/ecs/ecs.config <<'EOF'\nECS_AWSVPC_BLOCK_IMDS=true\nECS_ENABLE_TASK_IAM_ROLE=true\nEOF" in script
+    assert ("cat >> /etc/ecs/ecs.config <<'EOF'\nECS_AWSVPC_BLOCK_IMDS=true\nECS_ENABLE_TASK_IAM_ROLE=true\nEOF"
+            in script)
     assert "> /etc/ecs/ecs.config" not in script.replace(">> /etc/ecs/ecs.config", "")
 
 

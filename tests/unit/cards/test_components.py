@@ -194,7 +194,8 @@ def test_vega_bar_chart_and_color_series():
             "encoding": {"x": {"field": "k", "type": "nominal"}, "y": {"field": "v", "type": "quantitative"}}}
     svg = vega_to_svg(bars)
     assert svg is not None and svg.count('class="bar"') == 2
-    multi = {"mark": "line", "data": {"values": [{"t": i, "v": i * s, "s": f"core{s}"} for s in (1, 2) for i in range(4)]},
+    multi = {"mark": "line",
+             "data": {"values": [{"t": i, "v": i * s, "s": f"core{s}"} for s in (1, 2) for i in range(4)]},
              "encoding": {"x": {"field": "t"}, "y": {"field": "v"}, "color": {"field": "s"}}}
     svg = vega_to_svg(multi)
     assert svg.count("<polyline") == 2 and "core1" in svg and "core2" in svg

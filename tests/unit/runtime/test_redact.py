@@ -42,8 +42,8 @@ def test_environment_values_in_with_specs_are_hidden():
 
 def test_a_failed_torchrun_names_its_command_without_secrets(tmp_path):
     """The torchrun error message goes into the task's manifest (exception) and its log."""
+    from stoker.distributed.torchrun import TorchrunHelper
     from stoker.flow.current import current
-    from stoker.runtime.torchrun import TorchrunHelper
 
     current._set(tempdir=str(tmp_path))
     helper = TorchrunHelper(nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500)

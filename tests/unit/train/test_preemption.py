@@ -17,8 +17,8 @@ import psutil
 import pytest
 import torch
 
+from stoker.distributed.torchrun import TorchrunHelper
 from stoker.errors import ConfigError, Preempted
-from stoker.runtime.torchrun import TorchrunHelper
 from tests.unit.train.test_parallel import load_weights, token_file
 
 STEPS = 30

@@ -124,9 +124,11 @@ def test_unknown_things_are_404(ui, url):
 
 @pytest.mark.parametrize("path", [
     "/api/runs/..%2f..%2fsecret.txt/x", "/api/runs/%2e%2e/%2e%2e", f"/api/runs/{FLOW}/..%2F..%2F..%2Fsecret.txt",
-    f"/api/runs/{FLOW}/{RUN}/tasks/..%5c..%5c/x/logs/0/stdout", f"/api/runs/{FLOW}/{RUN}/tasks/%2Fetc%2Fpasswd/1/artifacts",
+    f"/api/runs/{FLOW}/{RUN}/tasks/..%5c..%5c/x/logs/0/stdout",
+    f"/api/runs/{FLOW}/{RUN}/tasks/%2Fetc%2Fpasswd/1/artifacts",
     f"/api/runs/{FLOW}/{RUN}/tasks/start/..%2f..%2f..%2f..%2fsecret.txt/logs/0/stdout",
-    f"/api/runs/{FLOW}/{RUN}/cards/..%2f..%2f/1/0/default", f"/api/runs/{FLOW}/{RUN}/cards/start/1/0/..%2f..%2f..%2fsecret",
+    f"/api/runs/{FLOW}/{RUN}/cards/..%2f..%2f/1/0/default",
+    f"/api/runs/{FLOW}/{RUN}/cards/start/1/0/..%2f..%2f..%2fsecret",
     "/static/..%2f..%2f..%2f..%2fsecret.txt", "/static/%2e%2e/app.py", "/static//etc/passwd", "/static/..\\app.py",
     "/runs/%2e%2e/%2e%2e", "/api/runs/%2Fetc/passwd", "//etc/passwd", "/api/runs/C:%5cWindows/x",
 ])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .decorator import BatchDecorator, batch
+from stoker.backends.aws.decorator import BatchDecorator, batch
 
 _LAZY = {"BatchBackend": "backend", "BatchOptions": "render"}
 __all__ = ["BatchBackend", "BatchDecorator", "BatchOptions", "batch"]

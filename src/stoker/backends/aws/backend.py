@@ -16,23 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ConfigError
-from ...redact import SECRET_ENV_PREFIX
-from ...runtime.executor import (
-    EXITED,
-    QUEUED,
-    Backend,
-    Capabilities,
-    JobRef,
-    JobStatus,
-    Request,
-    Sink,
-    Unit,
-)
-from .client import BatchClient
-from .instances import INSTANCE_TYPES, fits, instance_type
-from .render import BatchOptions, render_requests, step_settings
-from .states import job_status, log_stream
+from stoker.backends.aws.client import BatchClient
+from stoker.backends.aws.instances import INSTANCE_TYPES, fits, instance_type
+from stoker.backends.aws.render import BatchOptions, render_requests, step_settings
+from stoker.backends.aws.states import job_status, log_stream
+from stoker.errors import ConfigError
+from stoker.redact import SECRET_ENV_PREFIX
+from stoker.runtime.executor import EXITED, QUEUED, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +300,6 @@ class BatchBackend(Backend):
 
 
 def _default_store() -> str:
-    from ...store.paths import default_store_url
+    from stoker.store.paths import default_store_url
 
     return default_store_url()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .session import aws_client, aws_error, error_code
+from stoker.backends.aws.session import aws_client, aws_error, error_code
 
 DESCRIBE_MAX = 100  # DescribeJobs takes at most 100 ids per call
 
@@ -67,7 +67,8 @@ class BatchClient:
         try:
             return self.batch.describe_compute_environments(computeEnvironments=arns)["computeEnvironments"]
         except Exception as e:  # noqa: BLE001
-            raise aws_error(e, "DescribeComputeEnvironments", f"the compute environments of {queue.get('jobQueueName')}") from e
+            raise aws_error(e, "DescribeComputeEnvironments",
+                            f"the compute environments of {queue.get('jobQueueName')}") from e
 
     def submit(self, request: dict[str, Any]) -> str:
         try:

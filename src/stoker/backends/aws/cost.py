@@ -20,11 +20,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...runtime.executor import JobRef
-from ...runtime.jobs import jobs_prefix
-from ...store.blobs import BlobStore
-from ...store.manifest import run_prefix
-from .instances import price_per_hour
+from stoker.backends.aws.instances import price_per_hour
+from stoker.runtime.executor import JobRef
+from stoker.runtime.jobs import jobs_prefix
+from stoker.store.blobs import BlobStore
+from stoker.store.manifest import run_prefix
 
 PRICES_HINT = "add it to $STOKER_PRICES (a TOML file of \"type\" = dollars_per_hour)"
 
@@ -215,8 +215,8 @@ def run_cost(store: BlobStore, flow: str, run_id: str, now: float | None = None)
 
 def cost_headline(store_url: str, flow: str, run_id: str) -> str:
     """`run_cost(...).headline()` for a summary that must not fail: the reason instead when it cannot tell."""
-    from ...errors import StokerError
-    from ...store.blobs import open_store
+    from stoker.errors import StokerError
+    from stoker.store.blobs import open_store
 
     try:
         return run_cost(open_store(store_url), flow, run_id).headline()

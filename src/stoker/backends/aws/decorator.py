@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...errors import ConfigError
-from ...flow.decorators import StepDecorator, make_step_decorator
+from stoker.errors import ConfigError
+from stoker.flow.decorators import StepDecorator, make_step_decorator
 
 RESOURCE_DEFAULTS = {"cpu": 1, "memory": 4096, "gpu": 0}
 COUNTS = ("cpu", "gpu", "memory", "trainium", "inferentia", "efa", "shared_memory", "max_swap", "swappiness",

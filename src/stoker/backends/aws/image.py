@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import BackendError, ConfigError
-from .image_deps import pins_text, read_requirements, resolved_pins, stoker_requires
+from stoker.backends.aws.image_deps import pins_text, read_requirements, resolved_pins, stoker_requires
+from stoker.errors import BackendError, ConfigError
 
 KINDS = ("cpu", "gpu", "neuron")
 EXTRAS = "train,data,aws"
@@ -96,7 +96,7 @@ class ImageSpec:
         if self.kind not in KINDS:
             raise ConfigError(f"image kind {self.kind!r}: use one of {', '.join(KINDS)} (--kind)")
         if not self.stoker_version:
-            from ... import __version__
+            from stoker import __version__
 
             self.stoker_version = __version__
         if not re.fullmatch(r"[0-9A-Za-z.+!-]+", self.stoker_version):
@@ -162,13 +162,15 @@ def render_dockerfile(spec: ImageSpec) -> str:
                 'RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python']
     elif spec.kind == "gpu":
         out += ["ENV DEBIAN_FRONTEND=noninteractive VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH",
-                "RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \\",
+                "RUN apt-get update && apt-get install -y --no-install-recommends"
+                " python3 python3-venv ca-certificates \\",
                 " && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv"]
     if spec.efa and spec.kind != "neuron":
         out += [""] + _efa_block(spec)
     if spec.kind == "gpu":
         index = f" --index-url {spec.torch_index}" if spec.torch_index else ""
-        out += ["", "# torch's CUDA build" + ("" if index else " (PyPI's Linux x86_64 wheel, CUDA libraries as pip packages)"),
+        out += ["", "# torch's CUDA build"
+                + ("" if index else " (PyPI's Linux x86_64 wheel, CUDA libraries as pip packages)"),
                 f"RUN {pip}{index} torch=={spec.torch_version}"]
     elif spec.kind == "cpu":
         out += ["", f"RUN {pip} --index-url {spec.torch_index or CPU_TORCH_INDEX} torch=={spec.torch_version}"]
@@ -203,9 +205,9 @@ def render_dockerfile(spec: ImageSpec) -> str:
 
 def step_kind(func: Any) -> tuple[str, bool]:
     """(kind, efa) of one step, from @batch and @resources (the larger of the two, as the backend does)."""
-    from ...flow.decorators import get_decorator
-    from .decorator import node_resources
-    from .instances import instance_type
+    from stoker.backends.aws.decorator import node_resources
+    from stoker.backends.aws.instances import instance_type
+    from stoker.flow.decorators import get_decorator
 
     b, r = get_decorator(func, "batch"), get_decorator(func, "resources")
     opts = dict(b.attributes) if b else {}
@@ -228,7 +230,7 @@ def flow_kind(flow_cls: type, step: str | None = None) -> tuple[str, bool, dict[
                               f"{', '.join(sorted(steps))}")
         steps = {step: steps[step]}
     else:
-        from ...flow.decorators import get_decorator
+        from stoker.flow.decorators import get_decorator
 
         batch_steps = {n: f for n, f in steps.items() if get_decorator(f, "batch")}
         steps = batch_steps or steps
@@ -304,7 +306,7 @@ class BuildContext:
 
 
 def default_context_root() -> Path:
-    from ...store.paths import home_dir
+    from stoker.store.paths import home_dir
 
     return home_dir() / "images"
 
@@ -391,7 +393,7 @@ def parse_repository(uri: str) -> tuple[str, str | None]:
 def ecr_password(registry: str, region: str, client: Any = None) -> tuple[str, str]:
     """(user, password) for `docker login` to an ECR registry: ecr:GetAuthorizationToken, as
     `aws ecr get-login-password` does."""
-    from .session import aws_client, aws_error
+    from stoker.backends.aws.session import aws_client, aws_error
 
     m = ECR_HOST.match(registry)
     if not m:

@@ -14,7 +14,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ...errors import ConfigError
+from stoker.errors import ConfigError
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?[^;]*(?:;(.*))?$")
 

@@ -108,8 +108,8 @@ def instance_type(name: str) -> InstanceType | None:
 
 @lru_cache(maxsize=4)
 def _read_overrides(path: str) -> tuple[dict[str, float], dict[str, int]]:
-    from ...errors import ConfigError
-    from ...flow.parameters import parse_config_text
+    from stoker.errors import ConfigError
+    from stoker.flow.parameters import parse_config_text
 
     with open(path, encoding="utf-8") as f:
         data = parse_config_text(f.read(), json_format=False)

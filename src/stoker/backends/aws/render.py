@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.executor import Unit
-from .decorator import node_resources
+from stoker.backends.aws.decorator import node_resources
+from stoker.runtime.executor import Unit
 
 TIMEOUT_MARGIN_S = 300  # the scheduler enforces @timeout; Batch's attempt timeout is the backstop behind it
 GANG_RDZV_TIMEOUT_S = 3600  # how long the nodes of a multi-node job wait for each other
@@ -31,8 +31,8 @@ GANG_RDZV_TIMEOUT_S = 3600  # how long the nodes of a multi-node job wait for ea
 # unit.env: runtime.jobs.RUN_ENV)
 ENV_PASSED = ("STOKER_S3_ENDPOINT_URL", "STOKER_LOG_UPLOAD_INTERVAL")
 NOFILE = 1048576
-# host folders mounted into gang and Neuron containers: staged inputs (runtime/stage.py) and the Neuron compile
-# cache (runtime/accel.py); both are keyed by content, so a later job on the instance may reuse them
+# host folders mounted into gang and Neuron containers: staged inputs (distributed/stage.py) and the Neuron compile
+# cache (distributed/accel.py); both are keyed by content, so a later job on the instance may reuse them
 NODE_CACHES = ("/var/tmp/stoker-stage", "/var/tmp/neuron-compile-cache")
 # Multi-node jobs run in awsvpc mode, where a container sees eth0 (the job's ENI, the one the nodes reach each
 # other on) and ecs-eth0 (169.254.172.x, the ECS agent's bridge). The Neuron collectives pick an interface
@@ -42,7 +42,7 @@ NEURON_BATCH_ENV = {"CCOM_SOCKET_IFNAME": "eth0"}
 
 def _infra_outputs() -> dict[str, Any]:
     try:
-        from .infra.state import load_outputs
+        from stoker.backends.aws.infra.state import load_outputs
     except ImportError:
         return {}
     try:
@@ -91,7 +91,7 @@ class BatchOptions:
         self.store_key_secret = (self.store_key_secret or env.get("STOKER_STORE_KEY_SECRET")
                                  or out.get("store_key_secret_arn"))
         if self.poll_interval <= 0:
-            from ...errors import ConfigError
+            from stoker.errors import ConfigError
 
             raise ConfigError(f"BatchOptions(poll_interval={self.poll_interval}): must be more than 0 seconds "
                               f"(STOKER_BATCH_POLL_INTERVAL)")
@@ -106,7 +106,7 @@ def whole_node(res: dict[str, int], names: list[str]) -> dict[str, int] | None:
     """The vCPUs and ECS memory every instance type that can take these devices has (the given types, else
     every type stoker knows): what an accelerator step gets when it does not say, instead of Batch's 1 vCPU
     and 4096 MiB, which would starve a node of 16 Trainium devices."""
-    from .instances import INSTANCE_TYPES, fits, instance_type
+    from stoker.backends.aws.instances import INSTANCE_TYPES, fits, instance_type
 
     pool = [t for t in (instance_type(n) for n in names) if t] or list(INSTANCE_TYPES.values())
     ok = [t for t in pool if fits(t, gpu=res["gpu"], trainium=res["trainium"], inferentia=res["inferentia"],
@@ -181,7 +181,8 @@ def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, A
     if vols:
         names = [_name(f"host{v}", 255) for v in vols]
         c["volumes"] = [{"name": n, "host": {"sourcePath": v}} for n, v in zip(names, vols, strict=True)]
-        c["mountPoints"] = [{"sourceVolume": n, "containerPath": v, "readOnly": False} for n, v in zip(names, vols, strict=True)]
+        c["mountPoints"] = [{"sourceVolume": n, "containerPath": v, "readOnly": False}
+                            for n, v in zip(names, vols, strict=True)]
     if o.get("privileged"):
         c["privileged"] = True
     if o.get("log_driver"):

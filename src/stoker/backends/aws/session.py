@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...errors import BackendError, ConfigError
+from stoker.errors import BackendError, ConfigError
 
 # what to do about the usual AWS errors (the code in the message is AWS's own)
 FIXES = {

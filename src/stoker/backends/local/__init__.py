@@ -1,5 +1,5 @@
 """The local backend: members are processes on this machine."""
 
-from .backend import LocalBackend
+from stoker.backends.local.backend import LocalBackend
 
 __all__ = ["LocalBackend"]

@@ -24,14 +24,14 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..._process import _PARENT_ONLY_FDS, Reaper
-from ...runtime import handover
-from ...runtime.executor import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
-from ...runtime.failures import kill_grace
-from ...runtime.node import member_spec
-from ...runtime.spec import TaskSpec
-from . import forkserver
-from .process import Member, fork_child, fork_member, server_members, spawn_member
+from stoker._process import _PARENT_ONLY_FDS, Reaper
+from stoker.backends.local import forkserver
+from stoker.backends.local.process import Member, fork_child, fork_member, server_members, spawn_member
+from stoker.runtime import handover
+from stoker.runtime.executor import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
+from stoker.runtime.failures import kill_grace
+from stoker.runtime.node import member_spec
+from stoker.runtime.spec import TaskSpec
 
 
 def free_port() -> int:
@@ -92,7 +92,7 @@ class LocalBackend(Backend):
         self._server()
 
     def capabilities(self) -> Capabilities:
-        from ...monitor.host import local_gpu_count
+        from stoker.monitor.host import local_gpu_count
 
         memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
         return Capabilities(multi_node=True, gpus=local_gpu_count(), cpus=os.cpu_count() or 1, memory_mb=memory_mb,
@@ -203,7 +203,8 @@ class LocalBackend(Backend):
     def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
         self._start()  # (a member not yet forked is forked and stopped: it never runs far)
         job = self.jobs.get(ref.job_id)
-        if job is None or (job.kill_at is not None and grace > 0):  # already stopping; grace 0 (a second Ctrl-C) kills now
+        # already stopping; grace 0 (a second Ctrl-C) kills now
+        if job is None or (job.kill_at is not None and grace > 0):
             return
         for m in job.members if member is None else job.members[member:member + 1]:
             if m.poll() is None:

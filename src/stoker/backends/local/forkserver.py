@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..._environ import environ_copy
-from ..._process import _PARENT_ONLY_FDS, close_parent_only_fds, die_with_parent
+from stoker._environ import environ_copy
+from stoker._process import _PARENT_ONLY_FDS, close_parent_only_fds, die_with_parent
 
 _LEN = struct.Struct("!Q")
 MAX_BATCH = 100  # members per request: 200 fds (the kernel takes up to 253 in one message)

@@ -14,12 +14,12 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..._process import close_parent_only_fds, die_with_parent, signal_tree
-from ...runtime import handover
-from ...runtime.spec import TaskSpec
+from stoker._process import close_parent_only_fds, die_with_parent, signal_tree
+from stoker.runtime import handover
+from stoker.runtime.spec import TaskSpec
 
 if TYPE_CHECKING:
-    from .forkserver import ForkServer
+    from stoker.backends.local.forkserver import ForkServer
 
 TAIL = 64 << 10
 # After a fork every page of the scheduler is copy-on-write, so each page it then writes costs a page fault and a

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .decorator import SlurmDecorator, slurm
+from stoker.backends.slurm.decorator import SlurmDecorator, slurm
 
 _LAZY = {"SlurmBackend": "backend", "SlurmClient": "client", "SlurmOptions": "render", "render_sbatch": "render"}
 __all__ = ["SlurmBackend", "SlurmClient", "SlurmDecorator", "SlurmOptions", "render_sbatch", "slurm"]

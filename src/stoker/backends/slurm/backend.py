@@ -12,8 +12,19 @@ import os
 import time
 from collections.abc import Callable
 
-from ...errors import BackendError, ConfigError
-from ...runtime.executor import (
+from stoker.backends.slurm.client import Partition, SlurmClient
+from stoker.backends.slurm.decorator import mem_to_mb, time_to_minutes
+from stoker.backends.slurm.render import (
+    SlurmOptions,
+    batch_log,
+    effective_options,
+    log_folder,
+    member_log,
+    render_sbatch,
+)
+from stoker.backends.slurm.states import job_status
+from stoker.errors import BackendError, ConfigError
+from stoker.runtime.executor import (
     EXITED,
     QUEUED,
     RUNNING,
@@ -25,10 +36,6 @@ from ...runtime.executor import (
     Sink,
     Unit,
 )
-from .client import Partition, SlurmClient
-from .decorator import mem_to_mb, time_to_minutes
-from .render import SlurmOptions, batch_log, effective_options, log_folder, member_log, render_sbatch
-from .states import job_status
 
 log = logging.getLogger(__name__)
 SHARED_FIX = ("put STOKER_HOME on the shared filesystem, declare a shared path with STOKER_SHARED_PATHS "
@@ -44,7 +51,7 @@ def shared_reason(path: str, env: dict[str, str] | None = None) -> str | None:
         root = os.path.realpath(os.path.expanduser(p)).rstrip("/")
         if real == root or real.startswith(root + "/"):
             return None
-    from ...store.fsinfo import is_network_fs
+    from stoker.store.fsinfo import is_network_fs
 
     if is_network_fs(real):
         return None
@@ -259,7 +266,8 @@ class SlurmBackend(Backend):
 
     def logs(self, ref: JobRef, member: int = 0, stream: str = "stdout") -> bytes:
         folder = ref.extra.get("log_dir", "")
-        paths = [member_log(folder, ref.job_id, member, stream), batch_log(folder, ref.job_id, member, ref.kind, stream)]
+        paths = [member_log(folder, ref.job_id, member, stream),
+                 batch_log(folder, ref.job_id, member, ref.kind, stream)]
         data = b""
         for path in filter(None, paths):
             try:
@@ -290,6 +298,6 @@ class SlurmBackend(Backend):
 
 
 def _default_store() -> str:
-    from ...store.paths import default_store_url
+    from stoker.store.paths import default_store_url
 
     return default_store_url()

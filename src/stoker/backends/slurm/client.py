@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ...errors import BackendError
+from stoker.errors import BackendError
 
 Runner = Callable[..., subprocess.CompletedProcess]
 SACCT_FIELDS = "JobID,State,ExitCode,Start,NodeList,Reason"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...errors import ConfigError
-from ...flow.decorators import StepDecorator, make_step_decorator
+from stoker.errors import ConfigError
+from stoker.flow.decorators import StepDecorator, make_step_decorator
 
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 _TIME = re.compile(r"^(?:(\d+)-(\d{1,2})(?::(\d{1,2}))?(?::(\d{1,2}))?|(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?)$")

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.executor import Unit
+from stoker.runtime.executor import Unit
 
 TIME_MARGIN_MIN = 5  # a @timeout is enforced by the scheduler; Slurm's own limit is the backstop behind it
 # With a time limit, Slurm TERMs every member this many seconds before it (`--signal=TERM@S`): training finishes its
@@ -53,16 +53,16 @@ class SlurmOptions:
 
     def __post_init__(self) -> None:
         if not self.log_dir:
-            from ...store.paths import home_dir
+            from stoker.store.paths import home_dir
 
             self.log_dir = str(home_dir() / "slurm")
         self.log_dir = os.path.abspath(os.path.expanduser(self.log_dir))
         if self.array_throttle is not None and int(self.array_throttle) < 1:
-            from ...errors import ConfigError
+            from stoker.errors import ConfigError
 
             raise ConfigError(f"SlurmOptions(array_throttle={self.array_throttle}): must be at least 1 (or None)")
         if self.poll_interval <= 0:
-            from ...errors import ConfigError
+            from stoker.errors import ConfigError
 
             raise ConfigError(f"SlurmOptions(poll_interval={self.poll_interval}): must be more than 0 seconds")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from ...runtime.executor import EXITED, QUEUED, RUNNING, JobRef, JobStatus
-from ...runtime.nodeenv import expand_hostlist
-from .client import SlurmRecord
+from stoker.backends.slurm.client import SlurmRecord
+from stoker.runtime.executor import EXITED, QUEUED, RUNNING, JobRef, JobStatus
+from stoker.runtime.nodeenv import expand_hostlist
 
 QUEUED_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
                  "SUSPENDED"}

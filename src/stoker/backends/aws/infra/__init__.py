@@ -16,12 +16,12 @@
 
 from __future__ import annotations
 
-from .apply import Result, apply, destroy, status
-from .base import Clients
-from .config import DEFAULT_CONFIG, InfraConfig, load_config
-from .plan import Plan, plan
-from .policies import check_least_privilege, instance_role_policies, job_role_policy
-from .state import load_outputs, state_path
+from stoker.backends.aws.infra.apply import Result, apply, destroy, status
+from stoker.backends.aws.infra.base import Clients
+from stoker.backends.aws.infra.config import DEFAULT_CONFIG, InfraConfig, load_config
+from stoker.backends.aws.infra.plan import Plan, plan
+from stoker.backends.aws.infra.policies import check_least_privilege, instance_role_policies, job_role_policy
+from stoker.backends.aws.infra.state import load_outputs, state_path
 
 __all__ = ["DEFAULT_CONFIG", "Clients", "InfraConfig", "Plan", "Result", "apply", "check_least_privilege",
            "destroy", "instance_role_policies", "job_role_policy", "load_config", "load_outputs", "plan",

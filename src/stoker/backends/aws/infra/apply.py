@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....errors import BackendError, ConfigError, StokerError
-from .base import Clients, Context
-from .compute import JobQueue
-from .config import LOG_GROUP, InfraConfig, from_dict
-from .plan import ORDER, Plan, make_plan, open_context
-from .secret import link_store_key
-from .state import State, default_name, pushed_image
+from stoker.backends.aws.infra.base import Clients, Context
+from stoker.backends.aws.infra.compute import JobQueue
+from stoker.backends.aws.infra.config import LOG_GROUP, InfraConfig, from_dict
+from stoker.backends.aws.infra.plan import ORDER, Plan, make_plan, open_context
+from stoker.backends.aws.infra.secret import link_store_key
+from stoker.backends.aws.infra.state import State, default_name, pushed_image
+from stoker.errors import BackendError, ConfigError, StokerError
 
 
 @dataclass

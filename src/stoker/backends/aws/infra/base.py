@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....errors import BackendError
-from ..session import aws_client, aws_error, error_code
-from .config import InfraConfig
-from .spec import PENDING, Facts, names
-from .state import State
+from stoker.backends.aws.infra.config import InfraConfig
+from stoker.backends.aws.infra.spec import PENDING, Facts, names
+from stoker.backends.aws.infra.state import State
+from stoker.backends.aws.session import aws_client, aws_error, error_code
+from stoker.errors import BackendError
 
 logger = logging.getLogger(__name__)
 S3_ACTIONS = {"HeadBucket": "ListBucket", "GetPublicAccessBlock": "GetBucketPublicAccessBlock",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....errors import BackendError
-from .base import Actual, Resource, tag_dict
-from .spec import PENDING, compute_environment_request, compute_resources, job_queue_request
+from stoker.backends.aws.infra.base import Actual, Resource, tag_dict
+from stoker.backends.aws.infra.spec import PENDING, compute_environment_request, compute_resources, job_queue_request
+from stoker.errors import BackendError
 
 UNORDERED = ("instanceTypes", "subnets", "securityGroupIds")
 LIVE_STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")  # not ended: SUCCEEDED, FAILED

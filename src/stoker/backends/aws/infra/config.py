@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ....errors import ConfigError
-from ..instances import InstanceType, instance_type, known_names
+from stoker.backends.aws.instances import InstanceType, instance_type, known_names
+from stoker.errors import ConfigError
 
 DEFAULT_CONFIG = "stoker-infra.toml"
 LOG_GROUP = "/aws/batch/job"  # where Batch sends every job's container output
@@ -209,7 +209,7 @@ def from_dict(data: dict[str, Any], source: str = "") -> InfraConfig:
 
 def load_config(path: str | Path | None = None) -> InfraConfig:
     """Read and validate the infra TOML (default ./stoker-infra.toml)."""
-    from ....flow.parameters import parse_config_text
+    from stoker.flow.parameters import parse_config_text
 
     p = Path(path or DEFAULT_CONFIG)
     if not p.is_file():

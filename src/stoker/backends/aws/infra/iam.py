@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import Actual, Resource, tag_dict
-from .config import LOG_GROUP
-from .policies import instance_role_policies, job_role_policy, normalized, trust_policy
-from .spec import PENDING, tag_list, tags
+from stoker.backends.aws.infra.base import Actual, Resource, tag_dict
+from stoker.backends.aws.infra.config import LOG_GROUP
+from stoker.backends.aws.infra.policies import instance_role_policies, job_role_policy, normalized, trust_policy
+from stoker.backends.aws.infra.spec import PENDING, tag_list, tags
 
 NO_ENTITY = ("NoSuchEntity", "NoSuchEntityException")
 

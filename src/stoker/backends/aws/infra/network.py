@@ -3,8 +3,8 @@ launch template (EFA interfaces, IMDSv2, root volume, user data)."""
 
 from __future__ import annotations
 
-from .base import Actual, Context, Resource, tag_dict
-from .spec import (
+from stoker.backends.aws.infra.base import Actual, Context, Resource, tag_dict
+from stoker.backends.aws.infra.spec import (
     PENDING,
     has_open_egress,
     has_self_rule,
@@ -82,7 +82,7 @@ class SecurityGroup(Resource):
                                 GroupIds=[self.given])
             groups = (got or {}).get("SecurityGroups", [])
             if not groups:
-                from ....errors import ConfigError
+                from stoker.errors import ConfigError
 
                 raise ConfigError(f"security_group = {self.given!r}: not found in {self.ctx.facts.region}; "
                                   "give a security group of the subnets' VPC, or leave it out to create one")
@@ -162,7 +162,7 @@ class PlacementGroup(Resource):
 
     def diff(self, actual: Actual) -> list[str]:
         if actual.data.get("strategy") != "cluster":
-            from ....errors import ConfigError
+            from stoker.errors import ConfigError
 
             raise ConfigError(f"{self.label} has strategy {actual.data.get('strategy')!r}, not 'cluster', and "
                               "a placement group cannot change strategy: run `stoker infra destroy`, then apply")

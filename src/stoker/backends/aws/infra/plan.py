@@ -7,17 +7,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....errors import BackendError, ConfigError
-from ..session import error_code
-from .base import Actual, Clients, Context, Resource
-from .compute import ComputeEnvironment, JobQueue
-from .config import InfraConfig
-from .iam import InstanceProfile, InstanceRole, JobRole, ServiceLinkedRole
-from .network import LaunchTemplate, PlacementGroup, SecurityGroup, check_default_security_group
-from .secret import StoreKeySecret
-from .spec import Facts
-from .state import State
-from .storage import Bucket, Repository
+from stoker.backends.aws.infra.base import Actual, Clients, Context, Resource
+from stoker.backends.aws.infra.compute import ComputeEnvironment, JobQueue
+from stoker.backends.aws.infra.config import InfraConfig
+from stoker.backends.aws.infra.iam import InstanceProfile, InstanceRole, JobRole, ServiceLinkedRole
+from stoker.backends.aws.infra.network import (
+    LaunchTemplate,
+    PlacementGroup,
+    SecurityGroup,
+    check_default_security_group,
+)
+from stoker.backends.aws.infra.secret import StoreKeySecret
+from stoker.backends.aws.infra.spec import Facts
+from stoker.backends.aws.infra.state import State
+from stoker.backends.aws.infra.storage import Bucket, Repository
+from stoker.backends.aws.session import error_code
+from stoker.errors import BackendError, ConfigError
 
 # creation order (each needs only what comes before it); destroy goes backwards
 ORDER: list[type[Resource]] = [ServiceLinkedRole, Bucket, StoreKeySecret, Repository, SecurityGroup, InstanceRole,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import secrets
 
-from ....store.signing import local_key, remember_secret
-from .base import Actual, Context, Resource, tag_dict
-from .spec import PENDING, tag_list, tags
+from stoker.backends.aws.infra.base import Actual, Context, Resource, tag_dict
+from stoker.backends.aws.infra.spec import PENDING, tag_list, tags
+from stoker.store.signing import local_key, remember_secret
 
 RECOVERY_DAYS = 7  # the shortest recovery window Secrets Manager allows
 

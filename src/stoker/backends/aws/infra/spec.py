@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .config import InfraConfig
+from stoker.backends.aws.infra.config import InfraConfig
 
 PENDING = "(new)"  # an id that exists only once an earlier resource is created (plan output)
 BOUNDARY = "==STOKERBOUNDARY=="

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ....errors import ConfigError
-from ....store.paths import home_dir
+from stoker.errors import ConfigError
+from stoker.store.paths import home_dir
 
 OUTPUT_KEYS = ("region", "queue", "job_role_arn", "execution_role_arn", "image", "ecr_repository_uri", "bucket",
                "store_url", "log_group", "instance_types", "compute_environment", "placement_group",

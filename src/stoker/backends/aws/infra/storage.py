@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....errors import BackendError
-from ..session import error_code
-from .base import Actual, Resource, tag_dict
-from .spec import PENDING, tag_list, tags
+from stoker.backends.aws.infra.base import Actual, Resource, tag_dict
+from stoker.backends.aws.infra.spec import PENDING, tag_list, tags
+from stoker.backends.aws.session import error_code
+from stoker.errors import BackendError
 
 PUBLIC_ACCESS_BLOCK = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
                        "RestrictPublicBuckets": True}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from stoker.distributed import neuron_cache as nc
 from stoker.errors import StoreError
-from stoker.runtime import neuron_cache as nc
 from stoker.store.blobs import open_store
 
 VER = "neuronxcc-2.14.213.0+013d129b"

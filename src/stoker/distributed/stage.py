@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, DataError
-from ..store.objects import ObjectInfo, ObjectStore, open_objects
+from stoker.errors import ConfigError, DataError
+from stoker.store.objects import ObjectInfo, ObjectStore, open_objects
 
 DEFAULT_STAGE_DIR = "/var/tmp/stoker-stage"
 MANIFEST = "manifest.json"

@@ -1,12 +1,12 @@
-"""`run --smoke` (stoker.runtime.smoke): gangs capped at 2 nodes and recorded, training commands shortened."""
+"""`run --smoke` (stoker.distributed.smoke): gangs capped at 2 nodes and recorded, training commands shortened."""
 
 from __future__ import annotations
 
 import pytest
 
+from stoker.distributed import smoke
+from stoker.distributed.torchrun import TorchrunHelper, _flag_values
 from stoker.errors import ConfigError
-from stoker.runtime import smoke
-from stoker.runtime.torchrun import TorchrunHelper, _flag_values
 from stoker.store.blobs import open_store
 
 

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.errors import EXIT_PERMANENT
-from stoker.exitstatus import exit_code_for
-from stoker.runtime.preflight import (
+from stoker.distributed.preflight import (
     MIN_BUSBW_ENV,
     MIN_DISK_ENV,
     PREFLIGHT_LINE,
@@ -23,6 +21,8 @@ from stoker.runtime.preflight import (
     min_busbw,
     run_command,
 )
+from stoker.errors import EXIT_PERMANENT
+from stoker.exitstatus import exit_code_for
 from stoker.train.collectives import pick_backend
 
 

@@ -17,9 +17,7 @@ import pytest
 
 from stoker import FlowSpec, resources, step, torchrun
 from stoker.backends.aws.decorator import batch
-from stoker.errors import ConfigError
-from stoker.flow.current import ParallelInfo, current
-from stoker.runtime.accel import (
+from stoker.distributed.accel import (
     EFA_ENV,
     NEURON_CACHE_DIR,
     Accelerators,
@@ -29,8 +27,10 @@ from stoker.runtime.accel import (
     parse_neuron_ls,
     step_request,
 )
+from stoker.distributed.torchrun import TorchrunHelper, derive_nproc_per_node, override_args
+from stoker.errors import ConfigError
+from stoker.flow.current import ParallelInfo, current
 from stoker.runtime.node import apply_node_env
-from stoker.runtime.torchrun import TorchrunHelper, derive_nproc_per_node, override_args
 
 NONE = Accelerators()
 
@@ -136,7 +136,8 @@ def test_neuron_ls_is_believed_first(tmp_path):
 
 def test_gpus_from_cuda_visible_devices_or_nvidia_smi(tmp_path):
     fake_tool(tmp_path / "bin", "nvidia-smi", "GPU 0: NVIDIA H100 (UUID: GPU-a)\n"
-                                              "  MIG 1g.10gb Device 0: (UUID: MIG-b)\nGPU 1: NVIDIA H100 (UUID: GPU-c)\n")
+                                              "  MIG 1g.10gb Device 0: (UUID: MIG-b)\n"
+                                              "GPU 1: NVIDIA H100 (UUID: GPU-c)\n")
     path = str(tmp_path / "bin")
     acc = detect({"PATH": path}, dev_dir=str(tmp_path / "nodev"))
     assert (acc.gpus, acc.neuron_cores) == (2, 0) and "nvidia-smi" in acc.gpu_source
@@ -258,7 +259,7 @@ def test_precompile_without_neuron_parallel_compile_names_the_fix(tmp_path):
 
 
 def test_more_processes_than_cores_or_gpus_is_refused():
-    from stoker.runtime.accel import nproc_problem
+    from stoker.distributed.accel import nproc_problem
 
     trn = {"trainium": 16, "instance_type": "trn1.32xlarge"}
     assert nproc_problem(32, trn) is None

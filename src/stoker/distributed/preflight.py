@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._process import die_with_parent
-from ..errors import ConfigError
-from .accel import DEV_DIR, neuron_device_count
-from .neuron_cache import local_cache_dir
+from stoker._process import die_with_parent
+from stoker.distributed.accel import DEV_DIR, neuron_device_count
+from stoker.distributed.neuron_cache import local_cache_dir
+from stoker.errors import ConfigError
 
 ENV = "STOKER_PREFLIGHT"  # 0: off (run --no-preflight); 1: also on a single node
 MIN_BUSBW_ENV = "STOKER_PREFLIGHT_MIN_BUSBW_GBPS"
@@ -405,7 +405,7 @@ def _tail(text: str, n: int = 300) -> str:
 
 def gate(helper: Any, entrypoint: str, module: bool | None, nproc: int, env: Mapping[str, str], *,
          asked: bool | None = None, paths: Sequence[str] = ()) -> float | None:
-    """The preflight of a @torchrun node (a `runtime.torchrun.TorchrunHelper`), when it is on (`enabled`):
+    """The preflight of a @torchrun node (a `distributed.torchrun.TorchrunHelper`), when it is on (`enabled`):
     the helper's request and entrypoint, the data it staged plus `paths`, and an all_reduce launched like the
     training command (same nodes, nproc_per_node and master, on master_port + PORT_OFFSET). Seconds it took,
     or None when off; raises PreflightError."""
@@ -413,8 +413,8 @@ def gate(helper: Any, entrypoint: str, module: bool | None, nproc: int, env: Map
         return None
     from dataclasses import replace
 
-    from ..flow.current import current
-    from .accel import instance_type_here
+    from stoker.distributed.accel import instance_type_here
+    from stoker.flow.current import current
 
     side = replace(helper, master_port=helper.master_port + PORT_OFFSET, max_restarts=0)
     request = helper.request

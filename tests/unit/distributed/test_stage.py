@@ -1,4 +1,4 @@
-"""Staging store URLs to a node's disk (stoker.runtime.stage) against moto's S3 server on loopback: verified by
+"""Staging store URLs to a node's disk (stoker.distributed.stage) against moto's S3 server on loopback: verified by
 the prefix's manifest, cached across attempts, refused when damaged or empty, and handed to torchrun's command."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from stoker.distributed.stage import DONE, stage
+from stoker.distributed.torchrun import TorchrunHelper, _flag_values
 from stoker.errors import ConfigError, DataError
-from stoker.runtime.stage import DONE, stage
-from stoker.runtime.torchrun import TorchrunHelper, _flag_values
 
 pytestmark = pytest.mark.aws
 

@@ -33,10 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._hashing import sha256_file
-from ..errors import StoreError
-from ..store.blobs import BlobStore, check_name
-from .accel import NEURON_CACHE_DIR
+from stoker._hashing import sha256_file
+from stoker.distributed.accel import NEURON_CACHE_DIR
+from stoker.errors import StoreError
+from stoker.store.blobs import BlobStore, check_name
 
 DEFAULT_PREFIX = "neuron-cache/"
 WORKERS = 8

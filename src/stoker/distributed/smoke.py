@@ -17,8 +17,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError
-from ..store.manifest import run_prefix
+from stoker.errors import ConfigError
+from stoker.store.manifest import run_prefix
 
 ENV = "STOKER_SMOKE"  # set by `run --smoke` for the driver and every task
 NODES = 2

@@ -23,16 +23,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import exitstatus
-from .._process import die_with_parent, signal_tree
-from ..errors import ConfigError, StokerError
-from ..flow.current import ParallelInfo, current
-from ..flow.decorators import get_decorator
-from ..redact import redact_command
-from . import neuron_cache
-from . import smoke as smoke_mode
-from .accel import Accelerators, detect, node_env, nproc_for, nproc_problem, step_request, wants_neuron
-from .failures import kill_grace
+from stoker import exitstatus
+from stoker._process import die_with_parent, kill_grace, signal_tree
+from stoker.distributed import neuron_cache
+from stoker.distributed import smoke as smoke_mode
+from stoker.distributed.accel import (
+    Accelerators,
+    detect,
+    node_env,
+    nproc_for,
+    nproc_problem,
+    step_request,
+    wants_neuron,
+)
+from stoker.errors import ConfigError, StokerError
+from stoker.flow.current import ParallelInfo, current
+from stoker.flow.decorators import get_decorator
+from stoker.redact import redact_command
 
 
 def derive_nproc_per_node(resources: Mapping[str, Any] | None, options: Mapping[str, Any] | None = None, *,
@@ -151,7 +158,7 @@ class TorchrunHelper:
     accelerators: Callable[[], Accelerators] | None = None  # replaces the node's detection (tests)
     log_dir: str | None = None  # torchrun's own log folder: under the task's tempdir, removed with it
     stage_flags: list[str] | dict[str, str] | None = None  # @torchrun(stage=...): inputs to copy to the node
-    staged: list[Any] = field(default_factory=list)  # what was staged on this node (runtime.stage.Staged)
+    staged: list[Any] = field(default_factory=list)  # what was staged on this node (distributed.stage.Staged)
 
     @classmethod
     def for_task(cls, func: Any, par: ParallelInfo) -> TorchrunHelper:
@@ -214,8 +221,8 @@ class TorchrunHelper:
 
     def stage(self, url: str) -> str:
         """Copy a store URL (`s3://...`) to this node's disk, verified and cached across attempts; its local path.
-        What it cost is printed and kept in `self.staged` (see `stoker.runtime.stage`)."""
-        from .stage import stage
+        What it cost is printed and kept in `self.staged` (see `stoker.distributed.stage`)."""
+        from stoker.distributed.stage import stage
 
         staged = stage(url)
         self.staged.append(staged)
@@ -251,10 +258,10 @@ class TorchrunHelper:
         (`{"steps_this_run": 2}`) overrides those flags for that pass only. Default: @torchrun(precompile=...).
         `stage=["data_dir"]` copies the store URL given as `--data_dir` to this node's disk first (verified,
         cached across attempts) and passes the local path instead; default: @torchrun(stage=...).
-        Before the command, a gang checks its nodes (`runtime.preflight`: devices, EFA, imports, staged data and
+        Before the command, a gang checks its nodes (`distributed.preflight`: devices, EFA, imports, staged data and
         `preflight_paths`, disk, an all_reduce); `preflight=False` skips it, `True` runs it on one node too.
         `smoke={"max_steps": 20}`: the flags a `run --smoke` changes (stoker.train and NxD's Llama scripts are
-        known; see `stoker.runtime.smoke`)."""
+        known; see `stoker.distributed.smoke`)."""
         args = args if args is not None else entrypoint_args
         if smoke_mode.enabled():
             args = self._smoke_args(entrypoint, args, smoke)
@@ -280,7 +287,7 @@ class TorchrunHelper:
         sync = self._cache_sync(child_env) if neuron else None
         if sync:
             sync("fetch")
-        from .preflight import gate
+        from stoker.distributed.preflight import gate
 
         gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
         try:
@@ -320,7 +327,7 @@ class TorchrunHelper:
         if not self.store_url:
             print("neuron cache: this task knows no store, so compiled graphs are not kept", flush=True)
             return None
-        from ..store.blobs import open_store
+        from stoker.store.blobs import open_store
 
         store_url, prefix = self.store_url, self.neuron_cache
 
