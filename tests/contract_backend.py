@@ -1,4 +1,4 @@
-"""A backend that implements only the contract (runtime/executor.py), to show that a new engine needs no
+"""A backend that implements only the contract (runtime/contract.py), to show that a new engine needs no
 scheduler change. Its members are plain subprocesses running the remote entrypoint
 (`python -m stoker.runtime.node --store URL --code KEY --spec KEY`): no pipes, no pidfds, no fork, no shared
 memory with the scheduler. Logs come back only through the store, as from a cluster node.
@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 
-from stoker.runtime.executor import EXITED, QUEUED, RUNNING, Backend, JobRef, JobStatus, Request, Unit
+from stoker.runtime.contract import EXITED, QUEUED, RUNNING, Backend, JobRef, JobStatus, Request, Unit
 from stoker.store.blobs import open_store
 from stoker.store.manifest import log_name
 

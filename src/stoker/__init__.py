@@ -41,7 +41,7 @@ def _run_cli(flow_cls: type) -> Any:
     return main(flow_cls)
 
 
-_spec.CLI_HOOK = _run_cli
+_spec.install_cli(_run_cli)
 
 _CLIENT = {"Flow", "Run", "Step", "Task", "DataArtifact", "Metaflow", "namespace", "get_namespace",
            "default_namespace", "MetaflowNotFound", "MetaflowNamespaceMismatch", "get_metadata", "metadata",

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from stoker import Flow
-from stoker.runtime.executor import EXITED, QUEUED, JobRef, JobStatus
-from stoker.runtime.launch import start_run
+from stoker.runtime.contract import EXITED, QUEUED, JobRef, JobStatus
+from stoker.runtime.driver.launch import start_run
 from tests.contract_backend import ProcessBackend
 from tests.helpers import EXAMPLES, FLOWS
 

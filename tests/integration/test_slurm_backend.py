@@ -13,7 +13,7 @@ import pytest
 
 from stoker.backends.slurm import SlurmBackend, SlurmClient, SlurmOptions
 from stoker.errors import ConfigError
-from stoker.runtime.executor import EXITED, JobRef, JobStatus, Unit
+from stoker.runtime.contract import EXITED, JobRef, JobStatus, Unit
 from stoker.runtime.spec import TaskSpec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
@@ -29,7 +29,7 @@ class CmdUnit(Unit):
 
     command: list[str] = dataclasses.field(default_factory=list)
 
-    def node_command(self, python: str | None = None) -> list[str]:
+    def node_command(self, python: str | None = None, module: str = "") -> list[str]:
         return self.command
 
 

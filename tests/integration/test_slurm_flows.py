@@ -152,7 +152,7 @@ def test_refused_before_submission_with_the_fix(tmp_path, slurm_cluster, monkeyp
 
 def test_dry_run_prints_the_sbatch_scripts_and_submits_nothing(tmp_path, slurm_cluster):
     p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "slurm=allreduce", "--dry-run", cwd=tmp_path)
-    assert "#SBATCH --nodes=2" in p.stdout and "srun" in p.stdout and "stoker.runtime.node" in p.stdout
+    assert "#SBATCH --nodes=2" in p.stdout and "srun" in p.stdout and "stoker.backends.slurm.node" in p.stdout
     assert not squeue()
 
 

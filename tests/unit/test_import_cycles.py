@@ -180,6 +180,7 @@ def test_imports_point_down_the_layers():
 
 def test_the_layer_test_fails_on_an_upward_import():
     """A deliberately upward import (the store reaching for the runtime) is caught, with both layers named."""
-    graph = {"stoker.store.blobs": {"stoker.runtime.scheduler", "stoker.errors"}, "stoker.runtime.scheduler": set()}
-    assert upward_imports(graph) == ["stoker.store.blobs -> stoker.runtime.scheduler (store is layer 2, runtime "
+    graph = {"stoker.store.blobs": {"stoker.runtime.driver.scheduler", "stoker.errors"},
+             "stoker.runtime.driver.scheduler": set()}
+    assert upward_imports(graph) == ["stoker.store.blobs -> stoker.runtime.driver.scheduler (store is layer 2, runtime "
                                      "layer 8)"]

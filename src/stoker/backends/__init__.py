@@ -13,7 +13,7 @@ from typing import Any
 
 from stoker.errors import ConfigError
 from stoker.flow.decorators import get_decorator
-from stoker.runtime.executor import Backend
+from stoker.runtime.contract import Backend
 
 # name -> "module:class"; a backend's step decorator has the same name
 BACKENDS: dict[str, str] = {

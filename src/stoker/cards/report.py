@@ -87,6 +87,7 @@ def metrics_charts(records: list[dict[str, Any]], where: str) -> list[str]:
 
 def build_report(run_pathspec: str, step_name: str | None = None, store: BlobStore | None = None) -> str:
     """The report's HTML for FLOW/RUN (only STEP's details when given)."""
+    # long on purpose: the page's sections in the order they appear, each a few lines of markup
     from stoker.client import Run
 
     run = Run(run_pathspec, store=store)

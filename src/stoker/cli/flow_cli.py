@@ -127,7 +127,7 @@ def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[s
 def main(flow_cls: type, argv: list[str] | None = None) -> Any:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_task"]:
-        from stoker.runtime.task import main_from_cli
+        from stoker.runtime.member.task import main_from_cli
 
         sys.exit(main_from_cli(flow_cls, argv[1]))
     try:  # Metaflow's options before the command: accepted, or refused saying what stoker uses instead
@@ -214,7 +214,7 @@ def _given_params(flow_cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     from stoker.backends import StepRouter
-    from stoker.runtime.launch import dry_run, latest_run_id, start_run
+    from stoker.runtime.driver.launch import dry_run, latest_run_id, start_run
 
     if args.command in (None, "check", "show"):
         graph = FlowGraph(flow_cls)

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import IO
 
-from stoker.runtime.executor import EXITED, JobRef
-from stoker.runtime.jobs import jobs_prefix, kill_request_name
+from stoker.runtime.contract import EXITED, JobRef
+from stoker.runtime.driver.jobs import jobs_prefix, kill_request_name
 from stoker.store.blobs import BlobStore, open_store
 from stoker.store.manifest import read_run_record, write_run_record
 
@@ -32,8 +32,8 @@ def job_refs(store: BlobStore, flow: str, run_id: str) -> list[JobRef]:
 def cancel_jobs(refs: list[JobRef], grace: float | None = None) -> tuple[list[JobRef], list[tuple[JobRef, str]]]:
     """Cancel the refs that are still live (SIGTERM, then force after `grace`, default $STOKER_KILL_GRACE: time for
     a checkpoint); returns (cancelled, [(ref, why it could not be)])."""
+    from stoker._process import kill_grace
     from stoker.backends import make_backend
-    from stoker.runtime.failures import kill_grace
 
     grace = kill_grace() if grace is None else grace
 

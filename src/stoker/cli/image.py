@@ -34,22 +34,22 @@ def load_flow_class(path: str) -> type:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"flow file {path}: no such file (give the file you run with `python FILE run`)")
-    hook, argv, sys_path = flow_spec.CLI_HOOK, sys.argv, list(sys.path)
+    argv, sys_path = sys.argv, list(sys.path)
 
     def capture(cls: type) -> Any:
         raise _Found(cls)
 
-    flow_spec.CLI_HOOK = capture
     sys.argv = [str(file)]
     sys.path.insert(0, str(file.resolve().parent))
     try:
-        namespace = runpy.run_path(str(file), run_name="__main__")
+        with flow_spec.flow_entry(capture):
+            namespace = runpy.run_path(str(file), run_name="__main__")
     except _Found as found:
         return found.cls
     except SystemExit as e:
         raise ConfigError(f"flow file {path} exited while being loaded (exit code {e.code})") from None
     finally:
-        flow_spec.CLI_HOOK, sys.argv = hook, argv
+        sys.argv = argv
         sys.path[:] = sys_path
     classes = [v for v in namespace.values() if isinstance(v, type) and issubclass(v, flow_spec.FlowSpec)
                and v is not flow_spec.FlowSpec and v.__module__ == "__main__"]

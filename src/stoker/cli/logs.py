@@ -109,7 +109,7 @@ def print_engine_logs(pathspec: str, follow: bool = False, out=None) -> int:
     prefixed with its step, task, node and attempt. With --follow, new lines as they come until every job ends."""
     from stoker.backends import make_backend
     from stoker.cli.guardian import job_refs
-    from stoker.runtime.executor import EXITED
+    from stoker.runtime.contract import EXITED
     from stoker.store.blobs import open_store
 
     out = out or sys.stdout

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -365,28 +366,8 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
             batch = _get(read_q, reader)
             if batch is _END:
                 break
-            pieces, owner = [], []
-            for i, doc in enumerate(batch):
-                parts = [doc] if tok.splits_long_texts else _pieces(doc, cfg.max_doc_chars)
-                pieces.extend(parts)
-                owner.extend([i] * len(parts))
-            encoded = tok.encode_batch(pieces)
-            per_split: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-            counts = {"train": 0, "val": 0}
-            prev, last = -1, "train"
-            for i, ids in zip(owner, encoded, strict=True):
-                if i != prev:  # a new document: close the last one, open this one
-                    name = "val" if is_val_document(doc_index + i, cfg.val_fraction) else "train"
-                    if prev >= 0:
-                        per_split[last].append(eos)
-                    per_split[name].append(bos)
-                    counts[name] += 1
-                    last, prev = name, i
-                per_split[name].append(ids)
-            if prev >= 0:
-                per_split[last].append(eos)
+            item = _encode_batch(batch, tok, cfg, doc_index, bos, eos)
             doc_index += len(batch)
-            item = {n: (np.concatenate(parts), counts[n]) for n, parts in per_split.items() if parts}
             ntok = sum(len(a) for a, _ in item.values())
             _send(write_q, item, writer)
             progress.update(len(batch), ntok)
@@ -404,7 +385,41 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
         progress.close()
     splits = {name: w.close() for name, w in writers.items()}
     _check_splits(splits, cfg, src, skipped_empty=skipped["empty"])
-    seconds = time.perf_counter() - t0
+    manifest = _manifest(cfg, tok, fingerprint, described, dtype, splits, progress, skipped["empty"],
+                         time.perf_counter() - t0, staging)
+    layout.write_manifest(staging, manifest)
+    return manifest
+
+
+def _encode_batch(batch: list[str], tok: Tokenizer, cfg: PrepareConfig, doc_index: int, bos: np.ndarray,
+                  eos: np.ndarray) -> dict[str, tuple[np.ndarray, int]]:
+    """One batch of documents encoded and split: {"train"|"val": (token ids with BOS/EOS, documents)}."""
+    pieces, owner = [], []
+    for i, doc in enumerate(batch):
+        parts = [doc] if tok.splits_long_texts else _pieces(doc, cfg.max_doc_chars)
+        pieces.extend(parts)
+        owner.extend([i] * len(parts))
+    encoded = tok.encode_batch(pieces)
+    per_split: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    counts = {"train": 0, "val": 0}
+    prev, last = -1, "train"
+    for i, ids in zip(owner, encoded, strict=True):
+        if i != prev:  # a new document: close the last one, open this one
+            name = "val" if is_val_document(doc_index + i, cfg.val_fraction) else "train"
+            if prev >= 0:
+                per_split[last].append(eos)
+            per_split[name].append(bos)
+            counts[name] += 1
+            last, prev = name, i
+        per_split[name].append(ids)
+    if prev >= 0:
+        per_split[last].append(eos)
+    return {n: (np.concatenate(parts), counts[n]) for n, parts in per_split.items() if parts}
+
+
+def _manifest(cfg: PrepareConfig, tok: Tokenizer, fingerprint: str, described: dict, dtype: np.dtype,
+              splits: dict, progress: _Progress, skipped_empty: int, seconds: float, staging: Path) -> dict:
+    """The dataset's manifest: what it holds, how it was made, and what it cost."""
     stored = sum(s["num_tokens"] for s in splits.values())
     seen = progress.tokens
     manifest = {
@@ -415,7 +430,7 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
                                                                       "tokenizer", "block_size")},
         "splits": splits,
         "stats": {"seconds": round(seconds, 3), "documents": progress.docs,
-                  "documents_skipped_empty": skipped["empty"], "tokens_encoded": seen,
+                  "documents_skipped_empty": skipped_empty, "tokens_encoded": seen,
                   "tokens_stored": stored, "tokens_per_s": round(seen / max(seconds, 1e-9), 1),
                   "docs_per_s": round(progress.docs / max(seconds, 1e-9), 1)},
     }
@@ -423,9 +438,10 @@ def _run(cfg: PrepareConfig, src: Source, tok: Tokenizer, staging, fingerprint: 
         manifest["stats"].update(files=progress.files, bytes_read=progress.bytes,
                                  mb_per_s=round(progress.bytes / 1e6 / max(seconds, 1e-9), 2))
     if cfg.format == "hf":  # the rows' dtypes, and every file with its sha256 (checked by a download)
+        from stoker.data import hf_export
+
         manifest.update(dtype=hf_export.COLUMNS["input_ids"], columns=dict(hf_export.COLUMNS),
                         files=hf_export.file_list(staging))
-    layout.write_manifest(staging, manifest)
     return manifest
 
 

@@ -1,9 +1,9 @@
 """The engine's side of the decorator hooks (flow.decorators.StepDecorator): it calls them for whatever
 decorators a step and its flow have, and knows none of them by name.
 
-Task side, `TaskHooks` (runtime/task.py): started -> decorate the step's call -> post_step | exception ->
-finished. Driver side, functions of the step function (runtime/scheduler.py, runtime/jobs.py): how many attempts,
-how long between them, an attempt's deadline, fallback attempts, the resources a node asks for.
+Task side, `TaskHooks` (runtime/member/task.py): started -> decorate the step's call -> post_step | exception ->
+finished. Driver side, functions of the step function (runtime/driver/scheduler.py, runtime/driver/jobs.py): how
+many attempts, how long between them, an attempt's deadline, fallback attempts, the resources a node asks for.
 """
 
 from __future__ import annotations

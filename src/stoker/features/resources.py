@@ -1,6 +1,6 @@
 """`@resources(cpu=, memory=, gpu=, trainium=, ...)`: what one node of the step needs.
 
-Locally the explicit requests bound how many tasks run at once (runtime/resources.py); a remote backend asks
+Locally the explicit requests bound how many tasks run at once (runtime/driver/resources.py); a remote backend asks
 its engine for them (`resources_request`, the unit's `resources`); @torchrun derives processes per node from them.
 """
 

@@ -2,7 +2,7 @@
 
 The run counts the attempts (`retries`) and waits between them (`retry_delay_s`); a gang is retried as a whole.
 A preemption is retried without counting against `times`, and a permanent error is never retried
-(runtime/failures.py).
+(runtime/driver/failures.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ StepCall = Callable[[], Any]
 
 @dataclass
 class TaskContext:
-    """What a task-side hook sees of one task attempt (runtime/task.py builds it).
+    """What a task-side hook sees of one task attempt (runtime/member/task.py builds it).
 
     `spec` is the attempt's TaskSpec, `node` the step's graph node, `parallel` its `current.parallel`, `flow`
     the FlowSpec instance the step runs on, `manifest` the attempt's manifest as it is being written (a hook may

@@ -9,13 +9,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from stoker.errors import StokerError
 from stoker.flow.parameters import Config, Parameter
 
-# Set by stoker/__init__.py: runs the `python flow.py ...` command line (flow/ must not import cli/).
-CLI_HOOK: Callable[[type], Any] | None = None
+# What `MyFlow()` at the bottom of a flow file does with its class: the innermost `flow_entry(...)` of this
+# process (a remote node runs the task; `stoker image` takes the class), else the command line that
+# stoker/__init__.py installs (`install_cli`: flow/ must not import cli/).
+_entries: list[Callable[[type], Any]] = []
+_cli: list[Callable[[type], Any]] = []
+
+
+def install_cli(run_cli: Callable[[type], Any]) -> None:
+    """The `python flow.py ...` command line, run by `MyFlow()` outside any `flow_entry`."""
+    _cli[:] = [run_cli]
+
+
+@contextmanager
+def flow_entry(entry: Callable[[type], Any]) -> Iterator[None]:
+    """While the block runs (a flow file run as __main__), `MyFlow()` calls `entry(MyFlow)` instead of the CLI."""
+    _entries.append(entry)
+    try:
+        yield
+    finally:
+        _entries.remove(entry)
 
 _INTERNAL = {"_inherited", "_loader", "_loaded", "_transition", "_foreach", "_graph_step", "_run_inputs",
              "_stoker_run_input_names", "_is_join"}
@@ -115,9 +134,10 @@ class FlowSpec:
 
     def __init__(self, use_cli: bool = True) -> None:
         if use_cli:
-            if CLI_HOOK is None:  # pragma: no cover - stoker/__init__ sets it
+            entry = (_entries or _cli or [None])[-1]
+            if entry is None:  # pragma: no cover - stoker/__init__ installs the CLI
                 raise RuntimeError("import FlowSpec from stoker, not stoker.flow.spec, to run a flow")
-            CLI_HOOK(type(self))
+            entry(type(self))
 
     @classmethod
     def _task_instance(cls, inherited: dict[str, dict], loader: Callable[[dict], Any],

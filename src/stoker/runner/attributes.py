@@ -23,7 +23,7 @@ def write_runner_attributes(path: str | None, flow_name: str) -> str | None:
     return the id, which the run must then use; without one: None."""
     if not path:
         return None
-    from stoker.runtime.launch import new_run_id
+    from stoker.runtime.driver.launch import new_run_id
 
     run_id = new_run_id()
     with open(path, "w", encoding="utf-8") as f:

@@ -199,8 +199,8 @@ class StoredManifest(dict):
 
 def handed_manifest(sealed: bytes, url: str, flow: str, run_id: str, step: str, task_id: str,
                     attempt: int) -> StoredManifest | None:
-    """The manifest a local member handed over (runtime/handover.py): the bytes it stored, sealed with the store's
-    key (signing.seal: an HMAC over the bytes, not the signature's parse and re-serialization), on a socket only
+    """The manifest a local member handed over (runtime/member/handover.py): the bytes it stored, sealed with the
+    store's key (signing.seal: an HMAC over the bytes, not the signature's parse and re-serialization), on a socket only
     the run's processes hold. None when they are not this attempt's manifest or were sealed with another key (a
     task that changed its key): the scheduler then reads the manifest from the store and checks it there."""
     data = unseal(url, sealed)

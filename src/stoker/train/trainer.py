@@ -86,6 +86,8 @@ class Trainer:
     """Builds data, model, parallelism, optimizer and checkpointer from a :class:`TrainConfig`."""
 
     def __init__(self, cfg: TrainConfig, *, resume_from: str | None = None) -> None:
+        # long on purpose: device, data, model, parallelism, optimizer, checkpoint in the one order they depend
+        # on each other; each step's checks sit next to it
         self.cfg = cfg
         t = cfg.train
         self.acc = _accelerator(t.accelerator)

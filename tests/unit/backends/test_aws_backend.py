@@ -10,7 +10,7 @@ from stoker.backends.aws.client import BatchClient
 from stoker.backends.aws.render import BatchOptions
 from stoker.backends.aws.states import job_status, status_of
 from stoker.errors import ConfigError
-from stoker.runtime.executor import EXITED, QUEUED, RUNNING, JobRef
+from stoker.runtime.contract import EXITED, QUEUED, RUNNING, JobRef
 from tests.batch_emulator import make_queue
 from tests.unit.backends.test_aws_render import batch, make_unit
 

@@ -7,8 +7,8 @@ import pytest
 
 from stoker.backends.aws.cost import cost_headline, run_cost
 from stoker.errors import ConfigError
-from stoker.runtime.executor import JobRef
-from stoker.runtime.jobs import job_record_name
+from stoker.runtime.contract import JobRef
+from stoker.runtime.driver.jobs import job_record_name
 from stoker.store import MetadataDB, open_store
 from stoker.store.blobs import LocalBlobStore
 from stoker.store.manifest import write_manifest

@@ -187,10 +187,10 @@ def test_neuron_and_cuda_steps_need_two_images(tmp_path):
 
 
 def test_loading_a_flow_file_never_runs_it(tmp_path, capsys):
-    argv, hook = list(sys.argv), __import__("stoker.flow.spec", fromlist=["x"]).CLI_HOOK
+    argv, entries = list(sys.argv), list(__import__("stoker.flow.spec", fromlist=["x"])._entries)
     cls = load_flow_class(flow_file(tmp_path, main="Demo()  # not guarded: called at import"))
     assert cls.__name__ == "Demo" and sys.argv == argv
-    assert __import__("stoker.flow.spec", fromlist=["x"]).CLI_HOOK is hook
+    assert __import__("stoker.flow.spec", fromlist=["x"])._entries == entries
     cls = load_flow_class(flow_file(tmp_path, main=""))  # no call at all: the one FlowSpec class defined
     assert cls.__name__ == "Demo"
     with pytest.raises(ConfigError, match="no such file"):

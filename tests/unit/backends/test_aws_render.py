@@ -14,7 +14,7 @@ from stoker.backends.aws.decorator import BatchDecorator, node_resources
 from stoker.backends.aws.render import BatchOptions, render_requests
 from stoker.errors import ConfigError
 from stoker.flow.decorators import parse_with
-from stoker.runtime.executor import Unit
+from stoker.runtime.contract import Unit
 from stoker.runtime.spec import TaskSpec
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "aws_batch"

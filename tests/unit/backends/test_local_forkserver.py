@@ -13,7 +13,7 @@ import pytest
 
 from stoker.backends.local import forkserver
 from stoker.backends.local.backend import LocalBackend
-from stoker.runtime.executor import EXITED, Request, Unit
+from stoker.runtime.contract import EXITED, Request, Unit
 from stoker.runtime.spec import TaskSpec
 
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="needs fork and SCM_RIGHTS")
@@ -31,7 +31,7 @@ def _entry(spec: TaskSpec) -> int:
         print(f"preloaded by {getattr(sys, '_stoker_test_preloaded', None)} ppid {os.getppid()}")
         return 0
     if kind == "nested":  # offers a channel to members of its own (a local run inside a task), then hands over
-        from stoker.runtime import handover
+        from stoker.runtime.member import handover
 
         _, fd = handover.channel()
         handover.offer(fd)

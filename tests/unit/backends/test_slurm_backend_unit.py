@@ -9,7 +9,7 @@ import pytest
 from stoker.backends.slurm import SlurmBackend, SlurmClient, SlurmOptions
 from stoker.backends.slurm.backend import shared_reason
 from stoker.errors import ConfigError
-from stoker.runtime.executor import JobRef, Unit
+from stoker.runtime.contract import JobRef, Unit
 from stoker.runtime.spec import TaskSpec
 
 SINFO = "debug*|3|2|4000|(null)|up|infinite\nshort|2|8|16000|gpu:2|up|30:00\nold|1|2|4000|(null)|down|infinite\n"

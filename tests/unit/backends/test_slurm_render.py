@@ -12,7 +12,7 @@ from stoker.backends.slurm.decorator import SlurmDecorator, mem_to_mb, slurm, ti
 from stoker.backends.slurm.render import SlurmOptions, effective_options, log_folder, render_sbatch
 from stoker.errors import ConfigError
 from stoker.flow.decorators import DECORATORS, parse_with
-from stoker.runtime.executor import Unit
+from stoker.runtime.contract import Unit
 from stoker.runtime.spec import TaskSpec
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "slurm"

@@ -30,7 +30,7 @@ from stoker.backends.slurm.client import (
 )
 from stoker.backends.slurm.states import exit_code, job_status, state_kind
 from stoker.errors import BackendError
-from stoker.runtime.executor import JobRef
+from stoker.runtime.contract import JobRef
 
 REC = Path(__file__).with_name("slurm_recorded")
 SACCT_DBD = """27|COMPLETED|0:0|2026-12-03T12:01:42|n1|None

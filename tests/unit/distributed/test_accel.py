@@ -30,7 +30,7 @@ from stoker.distributed.accel import (
 from stoker.distributed.torchrun import TorchrunHelper, derive_nproc_per_node, override_args
 from stoker.errors import ConfigError
 from stoker.flow.current import ParallelInfo, current
-from stoker.runtime.node import apply_node_env
+from stoker.runtime.member.node import apply_node_env
 
 NONE = Accelerators()
 
@@ -88,7 +88,7 @@ def test_the_users_values_are_never_overridden():
 
 
 def test_the_node_entrypoint_applies_the_unit_documents_request():
-    """runtime/node.py reads `resources` (@resources) and `options` (@batch) from the unit spec document."""
+    """runtime/member/node.py reads `resources` (@resources) and `options` (@batch) from the unit spec document."""
     env = {"FI_PROVIDER": "tcp"}
     added = apply_node_env({"resources": {"cpu": 4}, "options": {"trainium": 16, "efa": 8}}, env)
     assert env["FI_PROVIDER"] == "tcp" and "FI_PROVIDER" not in added  # the user's choice stays

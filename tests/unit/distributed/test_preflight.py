@@ -297,7 +297,7 @@ def test_run_no_preflight_is_a_run_and_resume_option():
     assert parser.parse_args(["run", "--no-preflight"]).no_preflight
     assert not parser.parse_args(["run"]).no_preflight
     assert parser.parse_args(["resume", "--no-preflight"]).no_preflight
-    from stoker.runtime.jobs import run_env
+    from stoker.runtime.driver.jobs import run_env
 
     os.environ["STOKER_PREFLIGHT"] = "0"
     try:  # every unit carries the run's switches in its environment (a Batch node's SubmitJob overrides)

@@ -5,7 +5,7 @@ import sys
 
 
 def test_engine_and_cli_do_not_import_torch():
-    code = ("import sys, stoker, stoker.cli.flow_cli, stoker.cli.main, stoker.runtime.launch, "
+    code = ("import sys, stoker, stoker.cli.flow_cli, stoker.cli.main, stoker.runtime.driver.launch, "
             "stoker.backends.local, stoker.store; "
             "bad = [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -7,8 +7,8 @@ import importlib.util
 import sys
 
 from stoker.backends.local.backend import LocalBackend
-from stoker.runtime import output as output_mod
-from stoker.runtime.launch import start_run
+from stoker.runtime.driver import output as output_mod
+from stoker.runtime.driver.launch import start_run
 
 FLOW = '''
 import os, signal, sys

@@ -7,7 +7,7 @@ import pytest
 
 from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, ConfigError, Preempted, StokerError
 from stoker.exitstatus import ENV, exit_code_for, raise_for_statuses, write_status
-from stoker.runtime.failures import PERMANENT, PREEMPTED, failure_kind, kill_grace
+from stoker.runtime.driver.failures import PERMANENT, PREEMPTED, failure_kind, kill_grace
 
 
 def test_exit_codes_of_exceptions():

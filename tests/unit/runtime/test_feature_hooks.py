@@ -141,11 +141,11 @@ def _function_source(path: Path, name: str) -> str:
 
 
 def test_the_engine_names_no_decorator():
-    sched = (SRC / "runtime" / "scheduler.py").read_text().splitlines()
+    sched = (SRC / "runtime" / "driver" / "scheduler.py").read_text().splitlines()
     # a module's name; the message's words
-    allowed = ("from stoker.runtime.resources import ResourcePool", 'retry {first.attempt + 1} of')
+    allowed = ("from stoker.runtime.driver.resources import ResourcePool", 'retry {first.attempt + 1} of')
     assert [line for line in sched if NAMES.search(line) and not any(a in line for a in allowed)] == []
-    task = SRC / "runtime" / "task.py"
+    task = SRC / "runtime" / "member" / "task.py"
     for fn in ("run_task", "_run_step", "_step_call", "_save_artifacts"):
         assert not NAMES.search(_function_source(task, fn)), fn
     body = _function_source(task, "_set_current")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import re
 
-from stoker.runtime.executor import RUNNING, JobRef, JobStatus
-from stoker.runtime.gangview import GangView, node_states
-from stoker.runtime.output import Display
-from stoker.runtime.scheduler import Task
+from stoker.runtime.contract import RUNNING, JobRef, JobStatus
+from stoker.runtime.driver.gangview import GangView, node_states
+from stoker.runtime.driver.output import Display
+from stoker.runtime.driver.scheduler import Task
 from tests.helpers import run_flow
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from stoker.backends.local.backend import LocalBackend
-from stoker.runtime.launch import start_run
+from stoker.runtime.driver.launch import start_run
 
 FLOW = '''
 from stoker import FlowSpec, current, project, step

@@ -9,9 +9,12 @@ import tarfile
 import pytest
 
 from stoker import FlowSpec, resources, step
+from stoker.backends.aws.node import BATCH
+from stoker.backends.slurm.node import SLURM, port_for_job
+from stoker.backends.slurm.states import expand_hostlist
 from stoker.errors import ConfigError
-from stoker.runtime.node import member_spec
-from stoker.runtime.nodeenv import expand_hostlist, node_identity, port_for_job
+from stoker.runtime.member.node import member_spec
+from stoker.runtime.member.nodeenv import node_identity
 from stoker.runtime.package import build_package, stage_package, unpack_package
 from stoker.runtime.spec import TaskSpec
 from stoker.store.blobs import open_store
@@ -25,15 +28,16 @@ def test_hostlists_expand_like_slurm():
 
 def test_identity_from_each_engine():
     slurm = {"SLURM_JOB_ID": "42", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[3-4]"}
-    ident = node_identity(slurm)
+    ident = node_identity(slurm, SLURM)
     assert (ident.member, ident.num_nodes, ident.main_addr, ident.port) == (1, 2, "n3", port_for_job("42"))
-    assert node_identity({**slurm, "STOKER_MAIN_ADDR": "10.0.0.3"}).main_addr == "10.0.0.3"
-    assert node_identity({**slurm, "SLURM_ARRAY_TASK_ID": "7", "SLURM_NODEID": "0"}).member == 7
+    assert node_identity({**slurm, "STOKER_MAIN_ADDR": "10.0.0.3"}, SLURM).main_addr == "10.0.0.3"
+    assert node_identity({**slurm, "SLURM_ARRAY_TASK_ID": "7", "SLURM_NODEID": "0"}, SLURM).member == 7
     batch = {"AWS_BATCH_JOB_NODE_INDEX": "3", "AWS_BATCH_JOB_NUM_NODES": "4",
              "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.1.2.3"}
-    assert node_identity(batch) == node_identity(batch).__class__(3, 4, "10.1.2.3", 29500)
+    assert node_identity(batch, BATCH) == node_identity(batch).__class__(3, 4, "10.1.2.3", 29500)
     local = {"STOKER_MEMBER": "2", "STOKER_NUM_NODES": "3", "STOKER_MAIN_PORT": "1234", **slurm}
-    assert node_identity(local) == node_identity(local).__class__(2, 3, "127.0.0.1", 1234), "local wins"
+    assert node_identity(local, SLURM) == node_identity(local).__class__(2, 3, "127.0.0.1", 1234), "local wins"
+    assert node_identity(slurm) == node_identity(batch) == node_identity({}), "the generic node reads no engine's"
     assert port_for_job("42") != port_for_job("43"), "a retried gang rendezvous on a fresh port"
 
 
@@ -42,10 +46,10 @@ def test_member_spec_fills_the_gang_position_at_run_time():
                       parallel={"main_ip": None, "num_nodes": 2, "node_index": i, "port": None,
                                 "control_task_id": "0"}).__dict__ for i in range(2)]
     env = {"SLURM_JOB_ID": "9", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "STOKER_MAIN_ADDR": "10.0.0.1"}
-    spec = member_spec({"kind": "gang", "specs": specs}, env)
+    spec = member_spec({"kind": "gang", "specs": specs}, env, SLURM)
     assert spec.task_id == "1" and spec.parallel["main_ip"] == "10.0.0.1" and spec.parallel["port"] == port_for_job("9")
     with pytest.raises(SystemExit, match="more members"):
-        member_spec({"kind": "gang", "specs": specs}, {**env, "SLURM_NODEID": "5"})
+        member_spec({"kind": "gang", "specs": specs}, {**env, "SLURM_NODEID": "5"}, SLURM)
 
 
 def test_code_package_is_deterministic_and_skips_what_is_not_code(tmp_path):

@@ -16,9 +16,9 @@ import pytest
 
 from stoker.backends.local.backend import LocalBackend
 from stoker.errors import StoreError
-from stoker.runtime import scheduler as scheduler_mod
-from stoker.runtime.launch import start_run
-from stoker.runtime.output import TaskOutput
+from stoker.runtime.driver import scheduler as scheduler_mod
+from stoker.runtime.driver.launch import start_run
+from stoker.runtime.driver.output import TaskOutput
 from stoker.store import signing
 from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
@@ -79,7 +79,7 @@ def test_members_hand_their_manifests_over_and_the_index_keeps_the_bytes_stored(
 
 def test_a_handed_manifest_of_another_attempt_another_key_or_too_large_for_a_packet_is_not_used(monkeypatch):
     """What is not used is read from the store and checked there (UntrustedManifest for another key)."""
-    from stoker.runtime import handover
+    from stoker.runtime.member import handover
     from stoker.store.manifest import handed_manifest
 
     url = "/nowhere/store"
@@ -207,7 +207,7 @@ def test_draining_an_exited_member_leaves_a_newer_members_pipes_alone():
     import os
     import time
 
-    from stoker.runtime.executor import EXITED, Request, Unit
+    from stoker.runtime.contract import EXITED, Request, Unit
     from stoker.runtime.spec import TaskSpec
 
     def entry(spec: TaskSpec) -> int:

@@ -13,9 +13,9 @@ import pytest
 
 from stoker import FlowSpec, step
 from stoker.flow.graph import FlowGraph
-from stoker.runtime.executor import Capabilities
-from stoker.runtime.queue import STATES, TaskIndex
-from stoker.runtime.scheduler import Scheduler, Task
+from stoker.runtime.contract import Capabilities
+from stoker.runtime.driver.queue import STATES, TaskIndex
+from stoker.runtime.driver.scheduler import Scheduler, Task
 from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
 from tests.helpers import run_flow

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from stoker.features.catch import FALLBACK_ATTEMPTS
 from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
-from stoker.runtime.fallback import crash_note, died_how, wants_fallback
-from stoker.runtime.queue import Task
-from stoker.runtime.transitions import arrive, chosen_steps, next_iteration
+from stoker.runtime.driver.fallback import crash_note, died_how, wants_fallback
+from stoker.runtime.driver.queue import Task
+from stoker.runtime.driver.transitions import arrive, chosen_steps, next_iteration
 from tests.unit.flow.test_graph_errors import load
 
 FLOW = """

@@ -9,8 +9,8 @@ import tempfile
 import pytest
 
 from stoker.flow.graph import FlowGraph
-from stoker.runtime.output import TaskOutput
-from stoker.runtime.scheduler import Scheduler
+from stoker.runtime.driver.output import TaskOutput
+from stoker.runtime.driver.scheduler import Scheduler
 from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
 from tests.helpers import FLOWS

@@ -22,7 +22,7 @@ from stoker.backends.aws.render import BatchOptions, render_requests, step_setti
 from stoker.backends.aws.states import job_status, log_stream
 from stoker.errors import ConfigError
 from stoker.redact import SECRET_ENV_PREFIX
-from stoker.runtime.executor import EXITED, QUEUED, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
+from stoker.runtime.contract import EXITED, QUEUED, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
 
 log = logging.getLogger(__name__)
 

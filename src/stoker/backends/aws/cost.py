@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stoker.backends.aws.instances import price_per_hour
-from stoker.runtime.executor import JobRef
-from stoker.runtime.jobs import jobs_prefix
+from stoker.runtime.contract import JobRef
+from stoker.runtime.driver.jobs import jobs_prefix
 from stoker.store.blobs import BlobStore
 from stoker.store.manifest import run_prefix
 

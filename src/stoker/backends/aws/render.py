@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.backends.aws.decorator import node_resources
-from stoker.runtime.executor import Unit
+from stoker.runtime.contract import Unit
 
 TIMEOUT_MARGIN_S = 300  # the scheduler enforces @timeout; Batch's attempt timeout is the backstop behind it
 GANG_RDZV_TIMEOUT_S = 3600  # how long the nodes of a multi-node job wait for each other
@@ -144,7 +144,7 @@ def _container(unit: Unit, opts: BatchOptions, s: dict[str, Any]) -> dict[str, A
     c: dict[str, Any] = {
         "image": s["image"] or ("<image: set @batch(image=...), STOKER_BATCH_IMAGE or run `stoker image build "
                                 "--push`>"),
-        "command": [opts.python, "-m", "stoker.runtime.node", "--store", "Ref::store", "--code", "Ref::code",
+        "command": [opts.python, "-m", "stoker.backends.aws.node", "--store", "Ref::store", "--code", "Ref::code",
                     "--spec", "Ref::spec"],
         "resourceRequirements": reqs,
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stoker.runtime.executor import EXITED, QUEUED, RUNNING, JobStatus
+from stoker.runtime.contract import EXITED, QUEUED, RUNNING, JobStatus
 
 QUEUED_STATES = {"SUBMITTED", "PENDING", "RUNNABLE", "STARTING"}
 BLOCKED_PREFIXES = ("MISCONFIGURATION",)

@@ -8,7 +8,7 @@ still its own process, in its own session so that a stop reaches torchrun and it
 the scheduler (PR_SET_PDEATHSIG) so that a killed `run` leaves no orphans behind. Pipes and pidfds live here:
 `wait()` streams output to the scheduler and wakes it the moment a member exits. The members one scheduler pass
 submits are forked together (`dispatch()`: one request to the fork server), and each forked member hands the
-manifest it stored to the scheduler on a socket only the run holds (runtime/handover.py, `handed()`), so the
+manifest it stored to the scheduler on a socket only the run holds (runtime/member/handover.py, `handed()`), so the
 scheduler neither reads it back nor parses its signature.
 """
 
@@ -24,13 +24,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from stoker._process import _PARENT_ONLY_FDS, Reaper
+from stoker._process import _PARENT_ONLY_FDS, Reaper, kill_grace
 from stoker.backends.local import forkserver
 from stoker.backends.local.process import Member, fork_child, fork_member, server_members, spawn_member
-from stoker.runtime import handover
-from stoker.runtime.executor import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
-from stoker.runtime.failures import kill_grace
-from stoker.runtime.node import member_spec
+from stoker.runtime.contract import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
+from stoker.runtime.member import handover
+from stoker.runtime.member.node import member_spec
 from stoker.runtime.spec import TaskSpec
 
 

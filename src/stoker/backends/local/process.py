@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stoker._process import close_parent_only_fds, die_with_parent, signal_tree
-from stoker.runtime import handover
+from stoker.runtime.member import handover
 from stoker.runtime.spec import TaskSpec
 
 if TYPE_CHECKING:

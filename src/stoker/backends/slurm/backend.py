@@ -24,7 +24,7 @@ from stoker.backends.slurm.render import (
 )
 from stoker.backends.slurm.states import job_status
 from stoker.errors import BackendError, ConfigError
-from stoker.runtime.executor import (
+from stoker.runtime.contract import (
     EXITED,
     QUEUED,
     RUNNING,

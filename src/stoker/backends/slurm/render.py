@@ -6,7 +6,7 @@ per node and ends the whole step when one member fails (`--kill-on-bad-exit`); a
 one member per element. The batch script `exec`s srun so the job's exit code is srun's.
 
 No environment value is ever written into a script: the job inherits sbatch's environment by name
-(`--export=ALL`), and members read their identity from Slurm's own variables (see runtime/nodeenv.py).
+(`--export=ALL`), and members read their identity from Slurm's own variables (see backends/slurm/node.py).
 
 Log files of a unit live in one folder (`log_folder`): `<job>-<member>.out|.err` per node or array element
 (srun writes them on the node: the folder must be on a filesystem the nodes share) and
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.runtime.executor import Unit
+from stoker.runtime.contract import Unit
 
 TIME_MARGIN_MIN = 5  # a @timeout is enforced by the scheduler; Slurm's own limit is the backstop behind it
 # With a time limit, Slurm TERMs every member this many seconds before it (`--signal=TERM@S`): training finishes its
@@ -154,5 +154,6 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
                   'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                   "addr=$(scontrol -o show node \"$first\" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
                   'export STOKER_MAIN_ADDR="${addr:-$first}"']
-    lines += ["exec " + shlex.join(srun) + " \\", "    " + shlex.join(unit.node_command(opts.python)), ""]
+    node = unit.node_command(opts.python, "stoker.backends.slurm.node")  # reads Slurm's variables
+    lines += ["exec " + shlex.join(srun) + " \\", "    " + shlex.join(node), ""]
     return "\n".join(lines)

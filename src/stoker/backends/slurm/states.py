@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 from stoker.backends.slurm.client import SlurmRecord
-from stoker.runtime.executor import EXITED, QUEUED, RUNNING, JobRef, JobStatus
-from stoker.runtime.nodeenv import expand_hostlist
+from stoker.runtime.contract import EXITED, QUEUED, RUNNING, JobRef, JobStatus
 
 QUEUED_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
                  "SUSPENDED"}
@@ -125,3 +125,18 @@ def job_status(ref: JobRef, records: list[SlurmRecord], cancelled: bool = False)
         st.exit_code = failed[0].exit_code if failed else 0
         st.reason = failed[0].reason if failed else None
     return st
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Slurm's compressed host lists: `n[1-3,5],gpu07` -> n1 n2 n3 n5 gpu07 (zero padding kept)."""
+    hosts: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", spec):
+        prefix, ranges = m.group(1), m.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{str(i).zfill(len(lo))}")
+    return hosts

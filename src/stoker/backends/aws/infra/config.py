@@ -55,6 +55,7 @@ class InfraConfig:
     source: str = ""  # the file it came from (messages only)
 
     def __post_init__(self) -> None:
+        # long on purpose: one independent check per setting, each with its own message, read top to bottom
         where = f" in {self.source}" if self.source else ""
 
         def bad(key: str, value: Any, fix: str) -> ConfigError:

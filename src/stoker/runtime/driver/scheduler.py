@@ -20,17 +20,24 @@ from typing import Any
 from stoker.errors import StokerError
 from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline
 from stoker.flow.graph import FlowGraph
-from stoker.runtime.executor import EXITED, Backend, JobRef, JobStatus, Unit
-from stoker.runtime.failures import FIX_AND_RERUN, PERMANENT, PREEMPTED, failure_kind, kill_grace, requeue_preempted
-from stoker.runtime.fallback import crash_note, died_how, fallback_note
-from stoker.runtime.gangview import node_states
-from stoker.runtime.jobs import build_unit, job_record_name, kill_request_name, node_need
-from stoker.runtime.output import Display, TaskOutput, private_log_root, store_logs
+from stoker.runtime.contract import EXITED, Backend, JobRef, JobStatus, Unit
+from stoker.runtime.driver.failures import (
+    FIX_AND_RERUN,
+    PERMANENT,
+    PREEMPTED,
+    failure_kind,
+    kill_grace,
+    requeue_preempted,
+)
+from stoker.runtime.driver.fallback import crash_note, died_how, fallback_note
+from stoker.runtime.driver.gangview import node_states
+from stoker.runtime.driver.jobs import build_unit, job_record_name, kill_request_name, node_need
+from stoker.runtime.driver.output import Display, TaskOutput, private_log_root, store_logs
+from stoker.runtime.driver.queue import Task, TaskIndex
+from stoker.runtime.driver.resources import ResourcePool  # this machine's capacity (not the decorator's module)
+from stoker.runtime.driver.transitions import add_gang, start_successors
 from stoker.runtime.package import stage_package
-from stoker.runtime.queue import Task, TaskIndex
-from stoker.runtime.resources import ResourcePool  # this machine's capacity (the module's name is not a decorator's)
 from stoker.runtime.spec import TaskSpec
-from stoker.runtime.transitions import add_gang, start_successors
 from stoker.store.blobs import BlobStore
 from stoker.store.manifest import (
     clone_manifest,
@@ -43,7 +50,7 @@ from stoker.store.manifest import (
 from stoker.store.metadata import MetadataDB
 
 log = logging.getLogger(__name__)
-KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/failures.py)
+KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/driver/failures.py)
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
 LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
 NEVER_STARTS = "the engine can never start it"  # no further attempt can help
@@ -114,7 +121,7 @@ class Scheduler:
         return t
 
     def _successors(self, t: Task) -> None:
-        start_successors(self, t)  # runtime/transitions.py: splits, foreaches, gangs, switches, joins
+        start_successors(self, t)  # runtime/driver/transitions.py: splits, foreaches, gangs, switches, joins
 
     def _add_gang(self, step: str, parent: Task, n: int) -> None:
         add_gang(self, step, parent, n)

@@ -6,8 +6,8 @@ import os
 
 from stoker.features.hooks import deadline, resources_request
 from stoker.flow.decorators import get_decorator
-from stoker.runtime.executor import Backend, JobRef, Unit
-from stoker.runtime.resources import KEYS
+from stoker.runtime.contract import Backend, JobRef, Unit
+from stoker.runtime.driver.resources import KEYS
 from stoker.runtime.spec import TaskSpec
 from stoker.store.manifest import run_prefix
 

@@ -21,14 +21,14 @@ from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
 from stoker.flow.parameters import _MISSING, Config, ParameterContext
 from stoker.redact import REDACTED, redact_with_spec
-from stoker.runtime.executor import Backend, JobRef, Unit
-from stoker.runtime.failures import FIX_AND_RERUN
-from stoker.runtime.flowhooks import bind_default_configs, bind_run
-from stoker.runtime.jobs import build_unit
-from stoker.runtime.output import Display
+from stoker.runtime.contract import Backend, JobRef, Unit
+from stoker.runtime.driver.failures import FIX_AND_RERUN
+from stoker.runtime.driver.jobs import build_unit
+from stoker.runtime.driver.output import Display
+from stoker.runtime.driver.queue import frames_key
+from stoker.runtime.driver.scheduler import Router, RunResult, Scheduler
+from stoker.runtime.member.flowhooks import bind_default_configs, bind_run
 from stoker.runtime.package import stage_package
-from stoker.runtime.queue import frames_key
-from stoker.runtime.scheduler import Router, RunResult, Scheduler
 from stoker.runtime.spec import TaskSpec
 from stoker.store.artifacts import save_artifact, secret_descriptor
 from stoker.store.blobs import BlobStore, open_store
@@ -161,6 +161,8 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
               run_id_file: str | None = None, on_submit: Callable[[JobRef, str, str], None] | None = None,
               project_options: dict[str, Any] | None = None) -> RunResult:
     """Run (or resume) a flow. `project_options`: @project's `branch` / `production` from the command line."""
+    # long on purpose, until a run context replaces its parameters (issue 24): the run's set-up in the one order
+    # its parts depend on each other (inputs, decorators, package, key, record, scheduler)
     with_specs = list(with_specs or [])
     graph = prepare_flow(flow_cls, with_specs)
     store = store or open_store()
@@ -251,7 +253,7 @@ def _bind_backends(flow_cls: type, graph: FlowGraph, router: Router, store: Blob
     """Give each backend the run uses the in-process task entrypoint (a backend that forks members calls it) and
     have the one that runs `start` get ready now (the local fork server: forked and preloading while the run is
     registered); the backends it started, which the caller closes if the run fails before its scheduler runs."""
-    from stoker.runtime.task import preload, run_task
+    from stoker.runtime.member.task import preload, run_task
 
     used = {router(n.name).name: router(n.name) for n in graph}
     for b in used.values():

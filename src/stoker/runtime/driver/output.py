@@ -180,7 +180,7 @@ class Display:
         if self.quiet:
             return
         if self._gangs is None:
-            from stoker.runtime.gangview import GangView
+            from stoker.runtime.driver.gangview import GangView
 
             self._gangs = GangView()
         text = self._gangs.line(key, label, states, now)

@@ -83,9 +83,10 @@ class Unit:
                "resources": self.resources, "options": self.options}
         return json.dumps(doc, sort_keys=True).encode()
 
-    def node_command(self, python: str | None = None) -> list[str]:
-        """What every member runs on a remote node (secrets never appear here: only blob keys)."""
-        return [python or sys.executable, "-m", "stoker.runtime.node", "--store", self.store_url,
+    def node_command(self, python: str | None = None, module: str = "stoker.runtime.node") -> list[str]:
+        """What every member runs on a remote node (secrets never appear here: only blob keys); `module`: the
+        engine's node entrypoint (backends/<engine>/node.py), which knows how to read its environment."""
+        return [python or sys.executable, "-m", module, "--store", self.store_url,
                 "--code", self.code_key or "-", "--spec", self.spec_key or "-"]
 
 
@@ -189,7 +190,7 @@ class Backend(ABC):
         return None
 
     def handed(self, ref: JobRef, member: int) -> bytes | None:
-        """The manifest member `member` handed over as it finished (runtime/handover.py), or None: the scheduler
+        """The manifest member `member` handed over as it finished (runtime/member/handover.py), or None: the scheduler
         reads it from the store. Only a backend whose members are the run's own processes has any."""
         return None
 

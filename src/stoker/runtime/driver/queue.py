@@ -16,8 +16,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from stoker.runtime.executor import Backend, JobRef
-from stoker.runtime.output import TaskOutput
+from stoker.runtime.contract import Backend, JobRef
+from stoker.runtime.driver.output import TaskOutput
 
 STATES = ("pending", "running", "ok", "failed", "killed")
 

@@ -23,8 +23,8 @@ from stoker.flow.decorators import TaskContext
 from stoker.flow.graph import FlowGraph
 from stoker.flow.spec import FlowSpec, Inputs, _ArtifactView
 from stoker.redact import redact_text
-from stoker.runtime.flowhooks import bind_task_configs
-from stoker.runtime.handover import hand_over
+from stoker.runtime.member.flowhooks import bind_task_configs
+from stoker.runtime.member.handover import hand_over
 from stoker.runtime.spec import TaskSpec
 from stoker.store.artifacts import load_artifact, save_artifact
 from stoker.store.blobs import BlobStore, open_store

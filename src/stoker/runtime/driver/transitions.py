@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from stoker.distributed.smoke import cap_gang
-from stoker.runtime.queue import Task, frames_key
+from stoker.runtime.driver.queue import Task, frames_key
 
 
 class Scheduler(Protocol):
