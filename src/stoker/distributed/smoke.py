@@ -38,13 +38,9 @@ def cap_gang(store: Any, flow: str, run_id: str, step: str, n: int) -> int:
     """The gang size a smoke run uses for a gang of `n` (recorded for the cost line at the end)."""
     if not enabled() or n <= NODES:
         return n
-    name = record_name(flow, run_id)
-    try:
-        doc = json.loads(store.read(name)) if store.exists(name) else {}
-    except Exception:  # noqa: BLE001 - a record we cannot read is rewritten
-        doc = {}
+    doc = read_record(store, flow, run_id)  # a record that cannot be read is rewritten
     doc[step] = {"full": n, "ran": NODES}
-    store.write(name, json.dumps(doc).encode())
+    store.write(record_name(flow, run_id), json.dumps(doc).encode())
     print(f"stoker: smoke run: gang {step} runs on {NODES} of its {n} nodes, about {STEPS} steps with a "
           f"checkpoint every {CHECKPOINT_EVERY}", flush=True)
     return NODES
