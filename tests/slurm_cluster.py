@@ -89,17 +89,51 @@ class SlurmCluster:
         cmds += [[_which("slurmd"), "-D", "-N", n, "-f", str(self.conf_path)] for n in self.nodes]
         try:
             for cmd in cmds:
-                name = cmd[0].rsplit("/", 1)[-1] + ("-" + cmd[3] if "-N" in cmd else "")
-                with open(self.root / "log" / f"{name}.stdout", "wb") as out:
-                    p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         start_new_session=True)
-                self._procs[p.pid] = p
-                self.pid_file.write_text("".join(f"{pid}\n" for pid in self._procs))
+                self._spawn(cmd, env)
             self._wait_idle(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> None:
+        name = cmd[0].rsplit("/", 1)[-1] + ("-" + cmd[3] if "-N" in cmd else "")
+        with open(self.root / "log" / f"{name}.stdout", "ab") as out:
+            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+        self._procs[p.pid] = p
+        self.pid_file.write_text("".join(f"{pid}\n" for pid in self._procs))
+
+    # -- a node lost and back -------------------------------------------------------------------------
+    def kill_node(self, node: str, sig: int = signal.SIGKILL) -> list[int]:
+        """What a host that dies does to this cluster: node `node`'s slurmd, its slurmstepds and every job process
+        on it get `sig` at once (SIGSTOP: a host that hangs). Returns the pids."""
+        jobs = {int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _environ(int(d.name)).get(
+            "SLURMD_NODENAME") == node and f"SLURM_CONF={self.conf_path}".encode() in _raw_environ(int(d.name))}
+        steps = {pp for p in jobs if _comm(pp := int(_stat(p)[1])) == "slurmstepd"}
+        daemon = {p for p in self._procs if self._alive(p) and b"-N\0" + node.encode() + b"\0" in _cmdline(p)}
+        victims = sorted(jobs | steps | daemon)
+        for p in victims:
+            _signal(p, sig)
+        return victims
+
+    def revive_node(self, node: str, timeout: float = 90) -> None:
+        """After kill_node: kill what is left of the node, mark it down (its jobs end), start its slurmd again and
+        wait until it is idle and no job is left on it."""
+        for p in self.kill_node(node, signal.SIGKILL):
+            self._procs.pop(p, None)
+        self.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=revived by a test", check=False)
+        self._spawn([_which("slurmd"), "-D", "-N", node, "-f", str(self.conf_path)], {**os.environ, **self.env})
+        deadline, calm = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            state = self.run("sinfo", "-h", "-n", node, "-o", "%t", check=False).stdout.strip()
+            busy = self.run("squeue", "-h", "-w", node, check=False).stdout.strip()
+            calm = calm + 1 if state == "idle" and not busy else 0
+            if calm >= 3:  # idle, and no job left on it, for a second (its re-registration can bring a job back)
+                return
+            if state.startswith("down") and time.monotonic() > deadline - timeout + 5:
+                self.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+            time.sleep(0.5)
+        raise TimeoutError(f"node {node} not idle after {timeout} s\n{self._logs()}")
 
     def _wait_idle(self, timeout: float) -> None:
         deadline, states = time.monotonic() + timeout, {}
@@ -238,6 +272,17 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _raw_environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _environ(pid: int) -> dict[str, str]:
+    return dict(v.split("=", 1) for v in _raw_environ(pid).decode(errors="replace").split("\0") if "=" in v)
 
 
 def _comm(pid: int) -> str:

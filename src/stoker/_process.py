@@ -166,7 +166,12 @@ def _reap(grace: float) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (3, 4) and sys.argv[1] == "--reap":
-        if len(sys.argv) == 4:  # the run's module path, after this interpreter's own: psutil is on it
-            sys.path += [p for p in sys.argv[3].split(os.pathsep) if p not in sys.path]
-        _reap(float(sys.argv[2]))
+    try:  # internal: `python -m stoker._process --reap GRACE [PATH]`, started by the run
+        grace = float(sys.argv[2]) if len(sys.argv) in (3, 4) and sys.argv[1] == "--reap" else None
+    except ValueError:
+        grace = None
+    if grace is None:
+        sys.exit("error: python -m stoker._process --reap GRACE_SECONDS [MODULE_PATH] (started by a run, not by hand)")
+    if len(sys.argv) == 4:  # the run's module path, after this interpreter's own: psutil is on it
+        sys.path += [p for p in sys.argv[3].split(os.pathsep) if p not in sys.path]
+    _reap(grace)

@@ -1,4 +1,5 @@
-"""A gang of num_parallel nodes; node FAIL_NODE fails on attempt 0 (exit 1 or SIGKILL) and the retry succeeds."""
+"""A gang of num_parallel nodes; node FAIL_NODE fails on attempt 0 (exit 1 or SIGKILL, or freezes: SIGSTOP, as a hung
+host whose heartbeat stops) and the retry succeeds."""
 
 import os
 import signal
@@ -10,7 +11,7 @@ from stoker import FlowSpec, Parameter, current, parallel, retry, step
 class GangFlow(FlowSpec):
     nodes = Parameter("nodes", default=3, type=int)
     fail_node = Parameter("fail_node", default=-1, type=int)
-    how = Parameter("how", default="exit", help="exit | kill")
+    how = Parameter("how", default="exit", help="exit | kill | freeze")
     retries = Parameter("retries", default=1, type=int)
 
     @step
@@ -31,6 +32,8 @@ class GangFlow(FlowSpec):
             time.sleep(0.5)
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "freeze":
+                os.kill(os.getpid(), signal.SIGSTOP)
             raise RuntimeError(f"node {p.node_index} fails on purpose")
         if self.fail_node >= 0 and current.retry_count == 0:
             time.sleep(60)  # the others would wait here; the gang must be stopped long before this ends

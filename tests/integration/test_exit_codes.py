@@ -22,6 +22,8 @@ def test_a_preempted_task_is_retried_without_retry_budget_and_resumes(tmp_path):
     assert "preempted; resuming from step 3 (preemption 1 of at most 1)" in p.stdout + p.stderr
     run = Flow("PreemptFlow").latest_run
     work = run["work"].task
+    first = work.attempts[0].stderr  # an expected stop is one line, no traceback (issue 27)
+    assert "Traceback" not in first and "Preempted: stopped by SIGTERM after step 3" in first, first
     assert work.data.resumed_from == 3 and work.data.steps == 6
     assert [a.successful for a in work.attempts] == [False, True]
 

@@ -158,6 +158,6 @@ def test_more_processes_than_neuroncores_is_refused_before_submitting(aws, tmp_p
     flow.write_text(TOO_MANY)
     p = run_flow(flow, "run", cwd=tmp_path, env=env, timeout=120, check=False)
     assert p.returncode != 0
-    assert "@torchrun(nproc_per_node=64) on step train: 64 processes per node, but 16 trainium devices of a " \
+    assert "step train: @torchrun(nproc_per_node=64): 64 processes per node, but 16 trainium devices of a " \
            "trn1.32xlarge have 32 NeuronCores" in p.stdout + p.stderr, p.stdout + p.stderr
     assert not (tmp_path / "emulator" / "jobs").exists()

@@ -59,7 +59,7 @@ def default_card_parts(spec: Any, started: float, artifacts: dict[str, Any] | No
             ["finished", _when(finished) if manifest is not None else "-"],
             ["duration", human_duration((finished or time.time()) - started)], ["user", spec.user]]
     if spec.parallel:
-        info.append(["gang node", f"{spec.parallel.get('node_index')} of {spec.parallel.get('num_nodes')}"])
+        info.append(["gang node", f"{spec.parallel.node_index} of {spec.parallel.num_nodes}"])
     head: list[dict[str, Any]] = [
         {"type": "markdown", "text": f"# Task {spec.step}/{spec.task_id}"},
         {"type": "table", "headers": [], "data": info},

@@ -12,15 +12,16 @@ import os
 import sys
 import tempfile
 
+from stoker.cli.argtypes import non_negative_int
 from stoker.errors import ConfigError
 
 
-def _task_of(store, pathspec: str) -> tuple[str, str, str, str]:
+def _task_of(store, pathspec: str, command: str = "card view") -> tuple[str, str, str, str]:
     from stoker.cards.store import steps_with_cards, task_ids_with_cards
 
     parts = pathspec.strip("/").split("/")
     if len(parts) not in (3, 4) or not all(parts):
-        raise ConfigError(f"card view {pathspec}: give FLOW/RUN/STEP or FLOW/RUN/STEP/TASK (see `stoker runs`)")
+        raise ConfigError(f"{command} {pathspec}: give FLOW/RUN/STEP or FLOW/RUN/STEP/TASK (see `stoker runs`)")
     flow, run_id, step = parts[:3]
     if len(parts) == 4:
         return flow, run_id, step, parts[3]
@@ -28,7 +29,7 @@ def _task_of(store, pathspec: str) -> tuple[str, str, str, str]:
     if not tasks:
         steps = steps_with_cards(store, flow, run_id)
         hint = f"steps of this run with cards: {', '.join(steps)}" if steps else "this run has no cards"
-        raise ConfigError(f"card view {pathspec}: step {step} has no cards in {store.url} ({hint}); put @card above "
+        raise ConfigError(f"{command} {pathspec}: step {step} has no cards in {store.url} ({hint}); put @card above "
                           f"@step to make one")
     if len(tasks) > 1:
         print(f"step {step} has {len(tasks)} tasks with cards ({', '.join(tasks[:8])}"
@@ -76,7 +77,7 @@ def cmd_card_list(args: argparse.Namespace) -> int:
     from stoker.store.blobs import open_store
 
     store = open_store()
-    flow, run_id, step, task_id = _task_of(store, args.pathspec)
+    flow, run_id, step, task_id = _task_of(store, args.pathspec, "card list")
     for ref in list_cards(store, flow, run_id, step, task_id):
         data = ref.data(store)
         print(f"{ref.id}\t{data.get('type')}\tattempt {ref.attempt}\t{'final' if data.get('final') else 'live'}")
@@ -104,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = csub.add_parser("view", help="open a task's card in the browser (FLOW/RUN/STEP[/TASK])")
     v.add_argument("pathspec")
     v.add_argument("--id", help="which card, when the task has several (see `stoker card list`)")
-    v.add_argument("--attempt", type=int, help="an earlier attempt's card (default: the latest)")
+    v.add_argument("--attempt", type=non_negative_int, help="an earlier attempt's card (default: the latest)")
     v.add_argument("--print", action="store_true", help="only write the HTML file and print its path")
     v.set_defaults(fn=cmd_card_view)
     ls = csub.add_parser("list", help="the cards of a task (FLOW/RUN/STEP[/TASK])")

@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+from stoker.cli.argtypes import non_negative_int, positive_int
+from stoker.cli.errors import describe_os_error, stdout_gone
 from stoker.errors import StokerError
 
 logger = logging.getLogger(__name__)
@@ -58,8 +60,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     _add_source_args(t)
     t.add_argument("--output", "-o", default="tokenizer", help="folder for tokenizer.json (default: ./tokenizer)")
     t.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size (default: 8000)")
-    t.add_argument("--min-frequency", type=int, default=2, help="minimum pair frequency (default: 2)")
-    t.add_argument("--max-docs", type=int, default=None, help="train on at most this many documents")
+    t.add_argument("--min-frequency", type=non_negative_int, default=2, help="minimum pair frequency (default: 2)")
+    t.add_argument("--max-docs", type=positive_int, default=None, help="train on at most this many documents")
     t.set_defaults(func=cmd_train_tokenizer, fn=cmd_train_tokenizer)
     return data
 
@@ -105,10 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `python -m stoker.data prepare --json | head -c 10`: stop quietly, as `stoker` does
+        stdout_gone()
     except StokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: nothing was committed", file=sys.stderr)
         return 130

@@ -9,6 +9,7 @@ import pickle
 import sys
 from typing import Any
 
+from stoker.cli.argtypes import non_negative_int
 from stoker.errors import ConfigError
 
 TOO_LARGE = "< artifact too large >"
@@ -20,7 +21,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("input_path", help="RUN/STEP or RUN/STEP/TASK (stoker also takes RUN)")
     p.add_argument("--private", action=argparse.BooleanOptionalAction, default=False,
                    help="show private artifacts (names starting with _) too")
-    p.add_argument("--max-value-size", type=int, default=1000,
+    p.add_argument("--max-value-size", type=non_negative_int, default=1000,
                    help="show only values smaller than this many bytes (0: only names; default 1000)")
     p.add_argument("--include", default="", help="only these artifacts (a comma-separated list)")
     p.add_argument("--file", default=None, help="pickle the artifacts into this file instead of printing them")

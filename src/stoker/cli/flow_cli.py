@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stoker.cli.argtypes import positive_int
 from stoker.cli.errors import run_cli
 from stoker.cli.guardian import start_guardian
 from stoker.cli.top_options import split_top_options
@@ -25,9 +26,11 @@ COMPAT_OPTIONS = ("--datastore", "--metadata", "--environment", "--datastore-roo
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with", dest="with_", action="append", default=[], metavar="DECO[:k=v,...]",
                    help="attach a decorator to every step, e.g. retry:times=2")
-    p.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
-    p.add_argument("--max-workers", type=int, default=16, help="most tasks running at once (default 16)")
-    p.add_argument("--max-num-splits", type=int, default=10000, help="accepted for Metaflow compatibility")
+    p.add_argument("--tag", action="append", default=[], help="tag the run (repeatable); user:, project: and "
+                   "project_branch: are system tags' prefixes, refused")
+    p.add_argument("--max-workers", type=positive_int, default=16, help="most tasks running at once, at least 1 "
+                   "(default 16)")
+    p.add_argument("--max-num-splits", type=positive_int, default=10000, help="accepted for Metaflow compatibility")
     p.add_argument("--run-id-file", help="write the run id to this file")
     p.add_argument("--runner-attribute-file", help="write the run's flow name, id and metadata location as JSON "
                    "to this file (used by the Runner API, as in Metaflow)")
@@ -127,6 +130,9 @@ def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[s
 def main(flow_cls: type, argv: list[str] | None = None) -> Any:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_task"]:
+        if len(argv) != 2 or not os.path.isfile(argv[1]):  # internal: the scheduler gives a spec file it wrote
+            sys.exit(f"error: _task takes the path of a task spec file, which the scheduler writes; got "
+                     f"{' '.join(argv[1:]) or 'none'}")
         from stoker.runtime.member.task import main_from_cli
 
         sys.exit(main_from_cli(flow_cls, argv[1]))
@@ -139,7 +145,18 @@ def main(flow_cls: type, argv: list[str] | None = None) -> Any:
     args = build_parser(flow_cls).parse_args(argv)
     if top.quiet and hasattr(args, "quiet"):
         args.quiet = True
-    return run_cli(lambda: dispatch(flow_cls, args))
+    return run_cli(lambda: dispatch(flow_cls, _checked(args)))
+
+
+def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` once what argparse cannot see is checked, before anything starts: the tags (no system tag's prefix,
+    no control character) and the user they are made as ($STOKER_USER ...)."""
+    if args.command in ("run", "resume"):
+        from stoker.store.paths import current_user
+        from stoker.store.tags import check_user_tags
+
+        check_user_tags(args.tag, user=current_user())
+    return args
 
 
 def _param_options(flow_cls: type) -> frozenset[str]:
@@ -214,6 +231,7 @@ def _given_params(flow_cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     from stoker.backends import StepRouter
+    from stoker.runtime.driver.context import RunRequest
     from stoker.runtime.driver.launch import dry_run, latest_run_id, start_run
 
     if args.command in (None, "check", "show"):
@@ -234,7 +252,8 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     with_specs = list(args.global_with) + list(args.with_)
     router = StepRouter(flow_cls, default=args.backend, flow_file=sys.argv[0])
     if args.dry_run:
-        print(dry_run(flow_cls, router, with_specs, _given_params(flow_cls, args)), end="")
+        resolved = (configs, _overrides(args.set)) if args.command == "run" else (None, None)
+        print(dry_run(flow_cls, router, with_specs, _given_params(flow_cls, args), *resolved), end="")
         return 0
     if args.no_preflight:  # the tasks inherit it (local), or get it from the backend (sbatch, Batch overrides)
         os.environ["STOKER_PREFLIGHT"] = "0"
@@ -245,11 +264,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
     guard = start_guardian(flow_cls.__name__)
     if args.command == "run":
         params = _given_params(flow_cls, args)
-        result = start_run(flow_cls, router, params=params, config_paths=configs, overrides=_overrides(args.set),
-                           with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
-                           run_id_file=args.run_id_file, quiet=args.quiet, on_submit=guard,
-                           run_id=_runner_run_id(args, flow_cls),
-                           project_options=_project_options(args))
+        request = RunRequest(params=params, config_paths=configs, overrides=_overrides(args.set))
     else:
         from stoker.store.metadata import MetadataDB
         from stoker.store.paths import default_db_path
@@ -263,10 +278,13 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
             if args.step not in graph:
                 raise ConfigError(f"resume --step {args.step}: the flow has no such step ({', '.join(graph.nodes)})")
             rerun = graph.reachable_from(args.step)
-        result = start_run(flow_cls, router, with_specs=with_specs, tags=args.tag, max_workers=args.max_workers,
-                           origin_run_id=origin, rerun_steps=rerun, run_id_file=args.run_id_file, quiet=args.quiet,
-                           on_submit=guard, project_options=_project_options(args),
-                           run_id=_runner_run_id(args, flow_cls))
+        request = RunRequest(origin_run_id=origin, rerun_steps=rerun)
+    request.with_specs, request.tags, request.max_workers = with_specs, list(args.tag or []), args.max_workers
+    request.run_id_file, request.quiet, request.on_submit = args.run_id_file, args.quiet, guard
+    request.run_id, request.project_options = _runner_run_id(args, flow_cls), _project_options(args)
+    request.resume_options = ([f"--backend={args.backend}"] if args.backend != "local" else []) + [
+        f"--with={w}" for w in with_specs]
+    result = start_run(flow_cls, router, request)
     guard.done()
     if args.smoke:
         from stoker.cli.smoke_report import print_smoke_report

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 from stoker.runtime.contract import EXITED, JobRef
 from stoker.runtime.driver.jobs import jobs_prefix, kill_request_name
@@ -48,17 +48,32 @@ def cancel_jobs(refs: list[JobRef], grace: float | None = None) -> tuple[list[Jo
         except Exception as e:  # noqa: BLE001 - reported per job
             failed += [(r, str(e)) for r in group]
             continue
+        asked = []
         for r in group:
             s = statuses.get(r.job_id)
             if s is None or s.state == EXITED:
                 continue
             try:
                 backend.cancel(r, grace)
-                cancelled.append(r)
+                asked.append(r)
             except Exception as e:  # noqa: BLE001
                 failed.append((r, str(e)))
-        backend.close()  # forces what was asked to stop nicely, once its grace is over
+        _let_them_stop(backend, asked, grace)
+        backend.close()  # forces what was asked to stop nicely and has not stopped within its grace
+        cancelled += asked
     return cancelled, failed
+
+
+def _let_them_stop(backend: Any, refs: list[JobRef], grace: float) -> None:
+    """Wait until every job asked to stop has ended, or `grace` is over (a checkpoint is being written)."""
+    deadline = time.monotonic() + grace
+    while refs and time.monotonic() < deadline:
+        backend.wait(min(1.0, max(0.0, deadline - time.monotonic())), lambda *a: None)
+        try:
+            statuses = backend.poll(refs)
+        except Exception:  # noqa: BLE001 - the engine is unreachable: close() forces what it can
+            return
+        refs = [r for r in refs if (s := statuses.get(r.job_id)) is not None and s.state != EXITED]
 
 
 def kill_run(store: BlobStore, flow: str, run_id: str, out: IO[str] = sys.stdout) -> int:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stoker.cli.argtypes import number_at_least
 from stoker.errors import ConfigError
 
 STYLES = {"create": "green", "update": "yellow", "ok": "dim", "use": "cyan", "conflict": "bold red"}
@@ -48,7 +49,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("apply", help="create what is missing and update what differs (twice: no changes)")
     p.add_argument("--config", "-c", default=None, help=cfg_help)
-    p.add_argument("--timeout", type=float, default=900, help="seconds to wait for AWS at each step (900)")
+    p.add_argument("--timeout", type=number_at_least(1), default=900, help="seconds to wait for AWS at each step (900)")
     p.set_defaults(fn=cmd_apply)
 
     p = sub.add_parser("destroy", help="delete what stoker created, in dependency order (bucket kept)")
@@ -61,7 +62,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="terminate the job queue's jobs that have not ended (without it destroy refuses while "
                         "there are any, and changes nothing)")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    p.add_argument("--timeout", type=float, default=900, help="seconds to wait for AWS at each step (900)")
+    p.add_argument("--timeout", type=number_at_least(1), default=900, help="seconds to wait for AWS at each step (900)")
     p.set_defaults(fn=cmd_destroy)
 
     p = sub.add_parser("status", help="each resource as AWS has it now, and the outputs @batch uses")
@@ -89,7 +90,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     path = Path(args.config)
     if path.exists() and not args.force:
         raise ConfigError(f"{path} exists: edit it, or pass --force to overwrite it")
-    path.write_text(TEMPLATE.format(path=path), encoding="utf-8")
+    try:
+        path.write_text(TEMPLATE.format(path=path), encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot write {path} ({e.strerror}): pass --config with a file in an existing, "
+                          "writable folder") from None
     _console().print(Text(f"wrote {path}: set subnets and bucket, then `stoker infra plan --config {path}`"))
     return 0
 

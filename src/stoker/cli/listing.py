@@ -6,7 +6,13 @@ else the terminal's, `$COLUMNS` first), or with `--json` one JSON document with 
 `stoker show --json`: one object
     {"flow", "run_id", "pathspec", "status", "user", "created_at", "finished_at", "duration_s", "tags",
      "origin_run_id", "parameters", "steps": [{"name", "tasks": [{"id", "pathspec", "attempt", "successful",
-     "finished", "exception": {"type", "message"} | null, "artifacts": [names]}]}], "cost": [lines] | null}
+     "finished", "exception": {"type", "message", "cause", "evidence"} | null, "failed_attempts": [{"attempt",
+     "type", "message", "cause", "evidence"}], "artifacts": [names], "stragglers": [lines]}]}],
+     "cost": [lines] | null,
+     "goodput": the goodput ledger's summary (stoker.cli.goodput.summary; {"error"} when unreadable) | null,
+     "note": why a `lost` run is lost and how to continue it | null}
+A run is `lost` when the index says `running` but its driver is gone without recording its end (a full disk,
+a killed process: stoker.store.runstate); `stoker runs` prints the command that continues it under the table.
 Times are ISO 8601 in UTC (`2026-01-31T12:00:00+00:00`), durations seconds, missing values null.
 """
 
@@ -17,6 +23,9 @@ import json
 import shutil
 import textwrap
 from typing import Any
+
+from stoker.cli.goodput import summary_lines as goodput_lines
+from stoker.store.runstate import LOST
 
 DATE = "%Y-%m-%d %H:%M:%S"
 SHORT_DATE = "%m-%d %H:%M"
@@ -92,6 +101,13 @@ def print_runs(runs: list[Any], as_json: bool) -> None:
         print("no runs yet (runs of other users: stoker runs --all)")
         return
     print("\n".join(runs_table(records, [r.created_at for r in runs], width())))
+    resumed = {(r.flow_name, r.origin_run_id): r.id for r in runs if getattr(r, "origin_run_id", None)}
+    for run, rec in zip(runs, records, strict=True):  # a lost run: why, and the command that continues it
+        if rec["status"] == LOST:
+            by = resumed.get((rec["flow"], rec["run_id"]))
+            note = f"{LOST}: {getattr(run, 'lost_reason', None) or rec['pathspec']}" + (
+                f" (resumed by run {by})" if by else "")
+            print("\n".join(_wrap(note, width(), "")))
 
 
 def _wrap(text: str, cols: int, indent: str, more: str | None = None) -> list[str]:
@@ -99,20 +115,78 @@ def _wrap(text: str, cols: int, indent: str, more: str | None = None) -> list[st
                          break_on_hyphens=False, break_long_words=True) or [indent]
 
 
-def show_record(run: Any, cost: list[str] | None) -> dict[str, Any]:
+def task_stragglers(store: Any, flow: str, run_id: str) -> dict[tuple[str, str], list[str]]:
+    """(step, task id) -> the ranks and nodes its trainer named as stragglers (stoker.train.stragglers), from the
+    run's metrics series: one line per rank or node and attempt, with its longest streak."""
+    from stoker.store.manifest import run_prefix
+    from stoker.store.series import read_series, series_prefix
+
+    base = f"{run_prefix(flow, run_id)}metrics/"
+    found = {tuple(n[len(base):].split("/")[:3]) for n in store.list(base)}
+    out: dict[tuple[str, str], list[str]] = {}
+    for step, task_id, attempt in sorted(f for f in found if len(f) == 3 and f[2].isdigit()):
+        longest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for record in read_series(store, series_prefix("metrics", flow, run_id, step, task_id, int(attempt))):
+            for s in record.get("stragglers") or []:
+                key = (s.get("kind"), s.get("node"), s.get("rank"))
+                if isinstance(s.get("message"), str) and s.get("windows", 0) >= longest.get(key, {}).get("windows", 0):
+                    longest[key] = s
+        out.setdefault((step, task_id), []).extend(f"{s['message']} (attempt {attempt})" for s in longest.values())
+    return {k: v for k, v in out.items() if v}
+
+
+def _stragglers(run: Any) -> dict[tuple[str, str], list[str]]:
+    from stoker.errors import StokerError
+
+    try:
+        return task_stragglers(run._store, run.flow_name, run.id)
+    except (StokerError, OSError, ValueError, AttributeError):  # no store here: the rest of `show` still prints
+        return {}
+
+
+def show_record(run: Any, cost: list[str] | None, goodput: dict[str, Any] | None = None) -> dict[str, Any]:
     """`stoker show --json`: the run, its parameters, every step and task."""
+    named = _stragglers(run)
     steps = []
     for step in run:
         tasks = []
         for t in step:
             exc = t.exception
             tasks.append({"id": t.id, "pathspec": t.pathspec, "attempt": t.retry_count, "successful": t.successful,
-                          "finished": t.finished,
-                          "exception": {"type": exc.type, "message": exc.message} if exc else None,
-                          "artifacts": sorted(a.id for a in t.artifacts if not a.id.startswith("_"))})
+                          "finished": t.finished, "exception": _exception(exc) if exc else None,
+                          "failed_attempts": failed_attempts(t),
+                          "artifacts": sorted(a.id for a in t.artifacts if not a.id.startswith("_")),
+                          "stragglers": named.get((step.id, t.id), [])})
         steps.append({"name": step.id, "tasks": tasks})
-    return {**run_record(run), "origin_run_id": run.origin_run_id, "parameters": run.parameters,
-            "steps": steps, "cost": cost}
+    head = run_record(run)
+    note = getattr(run, "lost_reason", None) if head["status"] == LOST else None
+    return {**head, "origin_run_id": run.origin_run_id, "parameters": run.parameters, "steps": steps, "cost": cost,
+            "goodput": goodput, "note": note}
+
+
+def _exception(exc: Any) -> dict[str, Any]:
+    return {"type": exc.type, "message": exc.message, "cause": getattr(exc, "cause", None),
+            "evidence": getattr(exc, "evidence", None)}
+
+
+def failed_attempts(t: Any) -> list[dict[str, Any]]:
+    """Every failed attempt of a task, oldest first, with why it failed (its cause: stoker.runtime.driver.causes)."""
+    if t.successful and not t.retry_count:
+        return []
+    out = []
+    for a in t.attempts:
+        exc = a.exception if a.finished and not a.successful else None
+        if exc is not None:
+            out.append({"attempt": a.current_attempt, **_exception(exc)})
+    return out
+
+
+def _cause_line(a: dict[str, Any]) -> str:
+    from stoker.runtime.driver.causes import LABELS
+
+    why = LABELS.get(a["cause"], a["cause"]) if a.get("cause") else "cause not recorded"
+    return f"attempt {a['attempt']} failed: {why}" + (f": {a['evidence']}" if a.get("evidence") else
+                                                      f" ({a['type']}: {a['message']})")
 
 
 def show_lines(rec: dict[str, Any], created: dt.datetime | None, cols: int) -> list[str]:
@@ -123,6 +197,8 @@ def show_lines(rec: dict[str, Any], created: dt.datetime | None, cols: int) -> l
         f"  resumed from {rec['origin_run_id']}" if rec["origin_run_id"] else "")
     out = _wrap(head, cols, "") if len(head) + 2 + len(meta) > cols else []
     out += _wrap(meta, cols, "  ") if out else _wrap(f"{head}  {meta}", cols, "")
+    if rec.get("note"):  # a lost run: why, and how to continue it
+        out += _wrap(rec["note"], cols, "  ")
     if rec["tags"]:
         out += _wrap("tags: " + ", ".join(rec["tags"]), cols, "")
     if rec["parameters"]:
@@ -138,8 +214,14 @@ def show_lines(rec: dict[str, Any], created: dt.datetime | None, cols: int) -> l
                 out += _wrap(f"{line}  {t['exception']['type']}: {t['exception']['message']}", cols, "    ", " " * 6)
             out += _wrap(("" if t["exception"] else f"{line}  ") + "artifacts: " + (", ".join(t["artifacts"]) or "-"),
                          cols, "    " if not t["exception"] else " " * 6, " " * 6)
+            for a in t.get("failed_attempts") or []:  # why each attempt failed
+                out += _wrap(_cause_line(a), cols, " " * 6, " " * 8)
+            for line in t.get("stragglers") or []:  # slow ranks and nodes its trainer named
+                out += _wrap(line, cols, " " * 6, " " * 8)
         if len(shown) < len(tasks):
             out.append(f"    ... {len(tasks) - len(shown)} more (stoker show --json lists every task)")
     for line in rec["cost"] or []:
         out += _wrap(line, cols, "", "  ")
+    for line in goodput_lines(rec.get("goodput"), rec["pathspec"]):
+        out += _wrap(line, cols, "", "    ")
     return out

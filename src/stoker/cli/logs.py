@@ -8,6 +8,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from stoker.cli.argtypes import non_negative_int
 from stoker.errors import ConfigError
 
 
@@ -20,7 +21,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--both", action=argparse.BooleanOptionalAction, default=True, help="show stdout and stderr")
     p.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=False,
                    help="prefix each line with its attempt's start time (stoker does not stamp lines)")
-    p.add_argument("--attempt", type=int, default=None, help="this attempt instead of the latest")
+    p.add_argument("--attempt", type=non_negative_int, default=None, help="this attempt instead of the latest")
     p.set_defaults(quiet=False)  # `python flow.py --quiet logs ...` sets it
 
 

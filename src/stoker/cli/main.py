@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stoker.cli.argtypes import non_negative_int, positive_int
 from stoker.cli.errors import run_cli
 from stoker.errors import ConfigError
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from stoker.cli.listing import print_runs
-    from stoker.client import Flow, Metaflow, namespace
+    from stoker.client import Flow, Metaflow, get_namespace, namespace
 
     if args.all:
         namespace(None)
+    else:
+        get_namespace()  # user:NAME from $STOKER_USER ...: a name that cannot be one is refused here, even with no runs
     flows = [Flow(args.flow)] if args.flow else list(Metaflow())
     runs = []
     for flow in flows:
@@ -44,7 +47,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         cost = summary.lines() if summary.worth_showing else None
     except (StokerError, OSError) as e:
         cost = [f"cost: not available ({e})"]
-    rec = show_record(run, cost)
+    from stoker.cli.goodput import run_ledger, summary
+
+    try:  # where the training steps' time went (the goodput ledger), when the run has one
+        goodput = summary(run_ledger(run._store, run.flow_name, run.id))
+    except (StokerError, OSError) as e:
+        goodput = {"error": str(e)}
+    rec = show_record(run, cost, goodput)
     if args.json:
         print(json.dumps(rec, indent=1, default=str))
     else:
@@ -86,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("runs", help="list runs (newest first)")
     p.add_argument("flow", nargs="?")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=positive_int, default=20, help="at most this many runs of each flow (20)")
     p.add_argument("--all", action="store_true", help="runs of every user (namespace None)")
     p.add_argument("--json", action="store_true", help="print a JSON list for scripts (keys: docs/operations.md)")
     p.set_defaults(fn=cmd_runs)
@@ -99,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--stdout", action="store_true", help="the task's stdout (the default)")
     which.add_argument("--stderr", action="store_true", help="the task's stderr")
-    p.add_argument("--attempt", type=int)
+    p.add_argument("--attempt", type=non_negative_int)
     p.add_argument("--all-attempts", action="store_true", help="every attempt of every task (retries included)")
     p.add_argument("--engine", action="store_true", help="the cluster's own logs of every node and attempt "
                    "(CloudWatch Logs on AWS Batch, the node files on Slurm); FLOW/RUN[/STEP[/TASK]]")
@@ -127,12 +136,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_cards(sub)
     register_ui(sub)
+    from stoker.cli.reindex import register as register_reindex
+
+    register_reindex(sub)
+    from stoker.cli.goodput import register as register_goodput
+
+    register_goodput(sub)
     return ap
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line read; `quickstart` takes everything after it as it is, options included (argparse's
+    REMAINDER does not take a first word that starts with `-`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["quickstart"] and not {"-h", "--help"} & set(argv[1:2]):
+        args = build_parser().parse_args(argv[:1])
+        args.rest = argv[1:]
+        return args
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    run_cli(lambda: args.fn(args))
+    def command() -> int | None:
+        args = parse(argv)  # inside run_cli: `stoker --help | head -1` ends as quietly as a command
+        return args.fn(args)
+
+    run_cli(command)
 
 
 if __name__ == "__main__":

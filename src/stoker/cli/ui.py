@@ -7,8 +7,28 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import socket
 
+from stoker.cli.argtypes import port
 from stoker.errors import ConfigError
+
+
+def check_bind(host: str, port: int) -> None:
+    """Refuse, before anything starts or a token is printed, an address that does not resolve or a port taken by
+    another server; uvicorn would only log it after the URL was shown."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"--host {host}: not an address of this machine ({e}); use 127.0.0.1 (the default), "
+                          f"0.0.0.0 for every interface, or one of this machine's addresses") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); pick another "
+                              f"--port, or stop what uses it (another `stoker ui`?)") from None
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -22,6 +42,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from stoker.store.metadata import MetadataDB
     from stoker.store.paths import default_db_path
 
+    check_bind(args.host, args.port)
     token = args.token
     loopback = is_loopback(args.host)
     if not loopback and not token:
@@ -38,6 +59,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ui", help="a web UI over the runs in the store (127.0.0.1 by default)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind; not loopback requires a token")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=port, default=8765, help="TCP port, 1-65535 (default 8765)")
     p.add_argument("--token", help="the token every request must carry (generated when --host is not loopback)")
     p.set_defaults(fn=cmd_ui)

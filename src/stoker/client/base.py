@@ -17,6 +17,7 @@ from stoker.store.blobs import BlobStore, open_store
 from stoker.store.metadata import MetadataDB
 from stoker.store.paths import home_dir
 from stoker.store.records import ArtifactRecord
+from stoker.store.tags import check_user_tags
 
 Task = Any  # a stoker.client.Task (not imported: client imports this module)
 
@@ -193,6 +194,9 @@ class TagMutations:
         remove, add = list(tags_to_remove or []), list(tags_to_add or [])
         if not remove and not add:
             raise StoreError("Must add or remove at least one tag")
+        if add:  # no system tag's prefix (user:, project:, ...), no control character; the run's own: a no-op
+            rec = self._db.get_run(self.flow_name, self.id)
+            check_user_tags(add, system=rec.system_tags if rec is not None else (), where="tag")
         self._db.mutate_tags(self.flow_name, self.id, remove=remove, add=add)
         self.status  # noqa: B018 - refresh the tags
 
@@ -200,12 +204,16 @@ class TagMutations:
 class TaskException:
     """The exception an attempt raised, with the fields of Metaflow's ``MetaflowExceptionWrapper``: ``type``
     (``module.Class``, e.g. ``builtins.ValueError``), ``exception`` (the message, also ``message``) and
-    ``stacktrace`` (the traceback text, also ``traceback``); ``str()`` is the stacktrace, as in Metaflow."""
+    ``stacktrace`` (the traceback text, also ``traceback``); ``str()`` is the stacktrace, as in Metaflow. stoker adds
+    why the attempt failed: ``cause`` (user, config, oom, node, network, preemption, time_limit, data, stoker,
+    cancelled; None for an attempt recorded before causes were) and ``evidence`` (one line; docs/operations.md)."""
 
-    def __init__(self, type: str, message: str, traceback: str) -> None:
+    def __init__(self, type: str, message: str, traceback: str, cause: str | None = None,
+                 evidence: str | None = None) -> None:
         if type and "." not in type and isinstance(getattr(builtins, type, None), builtins.type):
             type = f"builtins.{type}"
         self.type, self.message, self.traceback = type, message, traceback
+        self.cause, self.evidence = cause, evidence
 
     @property
     def exception(self) -> str:
@@ -277,7 +285,7 @@ class ArtifactBase(ClientObject):
             t = self._task
             desc = artifact_descriptor(t._store, t.flow_name, t.run_id, t.step_name, t.id, t.current_attempt,
                                        self._rec.name)
-            self._value = load_artifact(t._store, desc)
+            self._value = load_artifact(t._store, desc, name=self._rec.name, pathspec=t.pathspec)
         return self._value
 
     @property

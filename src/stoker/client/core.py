@@ -39,6 +39,7 @@ from stoker.store.blobs import BlobStore
 from stoker.store.manifest import log_name
 from stoker.store.metadata import MetadataDB
 from stoker.store.records import ArtifactRecord, RunRecord, TaskRecord
+from stoker.store.runstate import RunState, run_state
 
 __all__ = ["DataArtifact", "Flow", "Metadata", "Metaflow", "Run", "Step", "Task", "TaskData", "TaskException"]
 
@@ -127,13 +128,32 @@ class Run(TagMutations, ClientObject):
     def parent(self) -> Flow:
         return Flow(self.flow_name, **self._kw())
 
-    @property
-    def status(self) -> str:
-        """running, succeeded, failed or killed (re-read from the index)."""
+    def _refresh(self) -> RunRecord:
         rec = self._db.get_run(self.flow_name, self.id)
         if rec is not None:
             self._rec = rec
-        return self._rec.status
+        return self._rec
+
+    def _state(self) -> RunState:
+        rec = self._refresh()
+        if rec.status != "running":
+            return RunState(rec.status)
+        try:
+            store = self._store
+        except Exception:  # noqa: BLE001 - a store this machine cannot open: the index's word stands
+            store = None
+        return run_state(store, self.flow_name, self.id, rec.status)
+
+    @property
+    def status(self) -> str:
+        """running, succeeded, failed or killed (re-read from the index); ``lost`` when the index says running but
+        its driver is gone without recording the end (:attr:`lost_reason` says why and how to continue it)."""
+        return self._state().status
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why a ``lost`` run is lost and how to continue it; None for any other run."""
+        return self._state().note
 
     @property
     def successful(self) -> bool:
@@ -149,16 +169,15 @@ class Run(TagMutations, ClientObject):
 
     @property
     def finished_at(self) -> datetime | None:
-        self.status  # noqa: B018 - refresh
-        return dt_or_none(self._rec.finished_at)
+        return dt_or_none(self._refresh().finished_at)
 
     @property
     def user(self) -> str | None:
         return self._rec.user
 
     def _run_tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        self.status  # noqa: B018 - refresh
-        return self._rec.user_tags, self._rec.system_tags
+        rec = self._refresh()
+        return rec.user_tags, rec.system_tags
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -219,6 +238,14 @@ class Run(TagMutations, ClientObject):
         from stoker.store.metrics import metrics_frame
 
         return metrics_frame(self.metrics)
+
+    @property
+    def goodput(self) -> dict[str, Any]:
+        """Where the wall time of every training step went, per attempt and node, read from the store (the goodput
+        ledger: :func:`stoker.client.goodput.run_goodput`; ``stoker goodput FLOW/RUN`` adds the cost estimate)."""
+        from stoker.client.goodput import run_goodput
+
+        return run_goodput(self._store, self.flow_name, self.id)
 
 
 class Step(ClientObject):
@@ -404,7 +431,7 @@ class Task(ClientObject):
         """What the attempt raised (None if it succeeded or @catch caught it)."""
         exc = self._m("exception")
         return None if not exc else TaskException(exc.get("type", ""), exc.get("message", ""),
-                                                  exc.get("traceback", ""))
+                                                  exc.get("traceback", ""), exc.get("cause"), exc.get("evidence"))
 
     def _log(self, stream: str) -> str:
         logs = self._m("logs", {}) or {}

@@ -36,10 +36,11 @@ from stoker.distributed.accel import (
     step_request,
     wants_neuron,
 )
+from stoker.distributed.torchrun_report import TorchrunStderr, preempted
 from stoker.errors import ConfigError, StokerError
 from stoker.flow.current import ParallelInfo, current
-from stoker.flow.decorators import get_decorator
 from stoker.redact import redact_command
+from stoker.store.goodput import timed as timed_phase
 
 
 def derive_nproc_per_node(resources: Mapping[str, Any] | None, options: Mapping[str, Any] | None = None, *,
@@ -161,9 +162,10 @@ class TorchrunHelper:
     staged: list[Any] = field(default_factory=list)  # what was staged on this node (distributed.stage.Staged)
 
     @classmethod
-    def for_task(cls, func: Any, par: ParallelInfo) -> TorchrunHelper:
-        deco, res, batch = (get_decorator(func, n) for n in ("torchrun", "resources", "batch"))
-        attrs = deco.attributes if deco else {}
+    def from_settings(cls, attrs: Mapping[str, Any], par: ParallelInfo, resources: Mapping[str, Any],
+                      options: Mapping[str, Any]) -> TorchrunHelper:
+        """The launcher of one gang node: `attrs` the step's @torchrun arguments, `resources` what a node asks for
+        (@resources), `options` the step's backend decorator's (e.g. @batch(trainium=16))."""
         n, src = (int(attrs["nproc_per_node"]), "@torchrun(nproc_per_node=...)") if attrs.get("nproc_per_node") \
             else (None, "")
         port = attrs.get("master_port") or par.port or 29500
@@ -172,8 +174,8 @@ class TorchrunHelper:
                    max_restarts=int(attrs.get("max_restarts") or 0), tee=bool(attrs.get("tee", True)),
                    rdzv_timeout=int(attrs.get("rdzv_timeout") or os.environ.get("STOKER_RDZV_TIMEOUT")
                                     or attrs.get("all_nodes_started_timeout") or 600),
-                   resources={k: v for k, v in (res.attributes if res else {}).items() if v is not None},
-                   options={k: v for k, v in (batch.attributes if batch else {}).items() if v is not None},
+                   resources={k: v for k, v in resources.items() if v is not None},
+                   options={k: v for k, v in options.items() if v is not None},
                    store_url=current.get("store_url"),
                    neuron_cache=attrs.get("neuron_cache", neuron_cache.DEFAULT_PREFIX) or None,
                    precompile=attrs.get("precompile") or False, stage_flags=attrs.get("stage") or None,
@@ -224,7 +226,8 @@ class TorchrunHelper:
         What it cost is printed and kept in `self.staged` (see `stoker.distributed.stage`)."""
         from stoker.distributed.stage import stage
 
-        staged = stage(url)
+        with timed_phase("stage"):  # the ledger's start-up phases (stoker.store.goodput)
+            staged = stage(url)
         self.staged.append(staged)
         print(staged.summary(), flush=True)
         return staged.path
@@ -289,12 +292,14 @@ class TorchrunHelper:
             sync("fetch")
         from stoker.distributed.preflight import gate
 
-        gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
+        with timed_phase("preflight"):
+            gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
         try:
             if pre:
-                self._precompile(entrypoint, args, module, n, child_env, pre)
+                with timed_phase("precompile"):
+                    self._precompile(entrypoint, args, module, n, child_env, pre)
                 if sync:
-                    sync("upload")
+                    sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
             self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
         finally:
             if sync:
@@ -331,10 +336,11 @@ class TorchrunHelper:
 
         store_url, prefix = self.store_url, self.neuron_cache
 
-        def sync(action: str) -> None:
+        def sync(action: str, phase: str = "") -> None:
             try:
                 fn = neuron_cache.fetch if action == "fetch" else neuron_cache.upload
-                report = fn(open_store(store_url), prefix, local)
+                with timed_phase(phase or f"neuron_cache_{action}"):
+                    report = fn(open_store(store_url), prefix, local)
                 print(f"neuron cache: {report.summary()} ({store_url}/{neuron_cache.normalize_prefix(prefix)} "
                       f"<-> {local})", flush=True)
             except Exception as e:  # noqa: BLE001 - the run goes on; the graphs compile again next time
@@ -351,9 +357,11 @@ class TorchrunHelper:
         ConfigError is raised for the scheduler to act on."""
         status_dir = tempfile.mkdtemp(prefix="exit-", dir=current.get("tempdir") or None)
         env = {**env, exitstatus.ENV: status_dir}
+        print(f"stoker: node {self.node_rank} runs: {redact_command(cmd)}", flush=True)  # the error only names it
         grace = kill_grace(env)
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace))))  # torchrun's own wait
-        proc = subprocess.Popen(cmd, env=dict(env), preexec_fn=die_with_parent)
+        proc = subprocess.Popen(cmd, env=dict(env), preexec_fn=die_with_parent, stderr=subprocess.PIPE)
+        report = TorchrunStderr(proc.stderr)  # type: ignore[arg-type]  # its end-of-workers report: see finish()
         term = _ForwardSigterm(proc)
         try:
             rc = term.wait(grace + 5)
@@ -363,17 +371,33 @@ class TorchrunHelper:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            report.finish(False, self.node_rank)
             raise
         finally:
             term.restore()
+        report.finish(rc != 0 and preempted(status_dir), self.node_rank, succeeded=rc == 0)  # no tracebacks then
         try:
             if rc != 0:
                 exitstatus.raise_for_statuses(status_dir, StokerError(
-                    f"{what} exited with code {rc} on node {self.node_rank} (command: {redact_command(cmd)})"))
+                    f"{what} exited with code {rc} on node {self.node_rank} ({_short(cmd)}; the whole command is at "
+                    f"the top of the node's log)"))
         finally:
             shutil.rmtree(status_dir, ignore_errors=True)
         if term.hit:  # asked to stop, and the workers finished anyway: stop as asked
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _short(cmd: list[str]) -> str:
+    """`torchrun ... ENTRYPOINT` of a command: what an error line names (the full command is ~1,500 characters)."""
+    launcher = "torch.distributed.run"
+    rest = cmd[cmd.index(launcher) + 1:] if launcher in cmd else cmd[1:]
+    name = "torchrun" if launcher in cmd else os.path.basename(cmd[0])
+    for i, a in enumerate(rest):  # the launcher's own options are --flag=value
+        if a == "-m" and i + 1 < len(rest):
+            return f"{name} ... -m {rest[i + 1]}"
+        if not a.startswith("-"):
+            return f"{name} ... {a}"
+    return name
 
 
 class _ForwardSigterm:

@@ -3,7 +3,8 @@ decorators a step and its flow have, and knows none of them by name.
 
 Task side, `TaskHooks` (runtime/member/task.py): started -> decorate the step's call -> post_step | exception ->
 finished. Driver side, functions of the step function (runtime/driver/scheduler.py, runtime/driver/jobs.py): how
-many attempts, how long between them, an attempt's deadline, fallback attempts, the resources a node asks for.
+many attempts, how long between them, an attempt's deadline, fallback attempts, the resources a node asks for,
+what refuses a plan before the run starts.
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ def resources_request(func: Callable) -> dict[str, Any]:
     for d in _decorators(func):
         out.update(d.resources_request())
     return out
+
+
+def backend_options(func: Callable) -> dict[str, Any]:
+    """The arguments of the step's backend decorator (`@slurm(...)`, `@batch(...)`: the one with an `engine`)."""
+    d = next((d for d in _decorators(func) if d.engine), None)
+    return dict(d.attributes) if d else {}
+
+
+def plan_problems(func: Callable, resources: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """Why the step cannot run as planned on a node with `resources` and backend `options` (empty: it can)."""
+    return [p for d in _decorators(func) if (p := d.plan_problem(resources, options))]
 
 
 def preload() -> None:

@@ -6,6 +6,9 @@ In the step, `current.torch.run(entrypoint="pkg.module", args={...})` starts tor
 
 from __future__ import annotations
 
+from typing import Any
+
+from stoker.features.hooks import backend_options, resources_request
 from stoker.flow.current import current
 from stoker.flow.decorators import ParallelDecorator, TaskContext, make_step_decorator
 
@@ -24,10 +27,27 @@ class TorchrunDecorator(ParallelDecorator):
     order = 6  # after @environment: the launcher's environment has its variables
 
     def task_started(self, ctx: TaskContext) -> None:
-        # the launcher lives with the rest of the task's process machinery (it is imported only by such steps)
-        from stoker.distributed.torchrun import TorchrunHelper
+        current._set(torch=helper_for(ctx.func, ctx.parallel))
 
-        current._set(torch=TorchrunHelper.for_task(ctx.func, ctx.parallel))
+    def plan_problem(self, resources: dict[str, Any], options: dict[str, Any]) -> str | None:
+        """nproc_per_node that the node's devices cannot take (distributed/accel.py)."""
+        n = self.attributes.get("nproc_per_node")
+        if not n:
+            return None
+        from stoker.distributed.accel import nproc_problem, step_request
+
+        problem = nproc_problem(int(n), step_request(resources, options))
+        return f"@torchrun(nproc_per_node={n}): {problem}" if problem else None
+
+
+def helper_for(func: Any, par: Any) -> Any:
+    """The `current.torch` of a task of step `func` on gang node `par` (a distributed.torchrun.TorchrunHelper)."""
+    # the launcher lives with the rest of the task's process machinery (imported only by such steps)
+    from stoker.distributed.torchrun import TorchrunHelper
+
+    own = next((d for d in getattr(func, "decorators", []) if isinstance(d, TorchrunDecorator)), None)
+    return TorchrunHelper.from_settings(own.attributes if own else {}, par, resources_request(func),
+                                        backend_options(func))
 
 
 torchrun = make_step_decorator(TorchrunDecorator)

@@ -38,7 +38,7 @@ class TaskContext:
     tempdir: str
     parallel: Any
     flow: Any = None
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Any = field(default_factory=dict)  # a store.manifest.Manifest in a task (read and set like a dict)
     last_attempt: bool = False
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -60,6 +60,8 @@ class StepDecorator:
       fallback_attempts(node_kind)   attempts that record a failure instead of running the step once the
                                      step's own are spent
       resources_request()            per-node resources asked of the backend (and of this machine)
+      plan_problem(resources, options)  before anything starts: why this step cannot run as asked on a node with
+                                     these resources and backend options (None: it can)
     """
 
     name = ""
@@ -67,6 +69,7 @@ class StepDecorator:
     allow_multiple = False
     order = 50  # where this decorator's effects sit among the others' (see the class docstring)
     fallback_note = ""  # what the run prints when it starts a fallback attempt
+    engine: str | None = None  # a backend's decorator (@slurm, @batch): the backend it sends the step to
 
     def __init__(self, attributes: dict[str, Any] | None = None, statically_defined: bool = True) -> None:
         attributes = dict(attributes or {})
@@ -113,6 +116,9 @@ class StepDecorator:
 
     def resources_request(self) -> dict[str, Any]:
         return {}
+
+    def plan_problem(self, resources: dict[str, Any], options: dict[str, Any]) -> str | None:
+        return None
 
     # -- arguments ---------------------------------------------------------------------------------------
     def _check_known(self, attributes: dict[str, Any]) -> None:

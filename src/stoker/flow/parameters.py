@@ -176,6 +176,38 @@ def parameters_from_env(params: Mapping[str, Any], given: Mapping[str, Any],
     return out
 
 
+def gang_size(num_parallel: Any, params: Mapping[str, Any], values: Mapping[str, Any] | None = None) -> int | None:
+    """The size of a gang (`num_parallel=` as the graph read it: a literal, or the source of an expression) as far
+    as it is known before its step runs: a literal, `self.PARAM` of a Parameter, whose value is the run's
+    (`values`: attribute -> the value as the Parameter converted it), else the Parameter's default as it converts
+    it, or `self.CONFIG.key.sub` of a Config in `values` (either may be wrapped in `int(...)`). None when only the
+    step can tell (another expression, a default a function computes) and for anything but a positive int.
+    `params` maps attribute names to run inputs (`FlowSpec._run_inputs()`)."""
+    n = num_parallel
+    if isinstance(n, str) and n.startswith("int(") and n.endswith(")"):
+        n = n[4:-1].strip()
+    if isinstance(n, str) and n.count(".") > 1:  # self.CONFIG.key...: the run's config value, when it is known
+        head, *keys = n.removeprefix("self.").split(".")
+        if not (n.startswith("self.") and isinstance(params.get(head), Config) and values and head in values):
+            return None
+        n = values[head]
+        for k in keys:
+            n = n.get(k) if isinstance(n, Mapping) else None
+        n = n if not isinstance(n, float) or not n.is_integer() else int(n)
+    if isinstance(n, str):
+        attr = n.removeprefix("self.") if n.startswith("self.") else ""
+        p = params.get(attr) if attr.isidentifier() else None
+        if not isinstance(p, Parameter):
+            return None
+        if values is not None and attr in values:
+            n = values[attr]
+        elif p.default is _MISSING or p.default is None or (callable(p.default) and not isinstance(p.default, type)):
+            return None
+        else:
+            n = p.convert(p.default)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def builtins_type(value: Any) -> Callable[[Any], Any]:
     if isinstance(value, bool):
         return bool

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from stoker.errors import StokerError
+from stoker.flow.frames import ForeachFrame
 from stoker.flow.parameters import Config, Parameter
 
 # What `MyFlow()` at the bottom of a flow file does with its class: the innermost `flow_entry(...)` of this
@@ -71,8 +72,8 @@ def artifact_identity(desc: dict) -> str:
 class _ArtifactView:
     """Lazy attribute access to one task's artifacts (used for `self` and for each join input)."""
 
-    def __init__(self, inherited: dict[str, dict], loader: Callable[[dict], Any], step: str = "",
-                 foreach: list[dict] | None = None) -> None:
+    def __init__(self, inherited: dict[str, dict], loader: Callable[[dict, str], Any], step: str = "",
+                 foreach: list[ForeachFrame] | None = None) -> None:
         object.__setattr__(self, "_foreach", foreach or [])
         object.__setattr__(self, "_inherited", dict(inherited))
         object.__setattr__(self, "_loader", loader)
@@ -82,7 +83,7 @@ class _ArtifactView:
     def _load(self, name: str) -> Any:
         loaded = self.__dict__["_loaded"]
         if name not in loaded:
-            loaded[name] = self.__dict__["_loader"](self.__dict__["_inherited"][name])
+            loaded[name] = self.__dict__["_loader"](self.__dict__["_inherited"][name], name)
         return loaded[name]
 
     def __getattr__(self, name: str) -> Any:
@@ -99,7 +100,7 @@ class _ArtifactView:
     input = property(lambda self: FlowSpec.input.fget(self))
     index = property(lambda self: FlowSpec.index.fget(self))
 
-    def foreach_stack(self) -> list[tuple[int, int, Any]]:
+    def foreach_stack(self) -> list[tuple[int, int | None, Any]]:
         return FlowSpec.foreach_stack(self)  # type: ignore[arg-type]
 
 
@@ -140,8 +141,8 @@ class FlowSpec:
             entry(type(self))
 
     @classmethod
-    def _task_instance(cls, inherited: dict[str, dict], loader: Callable[[dict], Any],
-                       step: str, foreach: list[dict] | None = None, is_join: bool | None = None) -> FlowSpec:
+    def _task_instance(cls, inherited: dict[str, dict], loader: Callable[[dict, str], Any],
+                       step: str, foreach: list[ForeachFrame] | None = None, is_join: bool | None = None) -> FlowSpec:
         """A FlowSpec for one task: artifacts of its parent(s) load on first access (`is_join`: whether the step
         is a join, for merge_artifacts; None when unknown)."""
         self = cls.__new__(cls)
@@ -215,7 +216,7 @@ class FlowSpec:
         if name in d["_loaded"]:
             return d["_loaded"][name]
         if name in d["_inherited"]:
-            v = d["_loader"](d["_inherited"][name])
+            v = d["_loader"](d["_inherited"][name], name)
             d["_loaded"][name] = v
             return v
         raise AttributeError(f"step {d.get('_graph_step')!r} has no artifact {name!r}: assign self.{name} in this "
@@ -261,23 +262,17 @@ class FlowSpec:
     @property
     def input(self) -> Any:
         """The foreach item this task handles (innermost foreach)."""
-        fe = self.__dict__.get("_foreach") or []
-        if not fe:
-            return None
-        top = fe[-1]
-        if "value_fn" in top:
-            return top["value_fn"]()
-        return top.get("value")
+        fe: list[ForeachFrame] = self.__dict__.get("_foreach") or []
+        return fe[-1].value() if fe else None
 
     @property
     def index(self) -> int | None:
-        fe = self.__dict__.get("_foreach") or []
-        return fe[-1]["index"] if fe else None
+        fe: list[ForeachFrame] = self.__dict__.get("_foreach") or []
+        return fe[-1].index if fe else None
 
-    def foreach_stack(self) -> list[tuple[int, int, Any]]:
-        """(index, num_splits, value) of every enclosing foreach, outermost first."""
-        return [(f["index"], f["num_splits"], f["value_fn"]() if "value_fn" in f else f.get("value"))
-                for f in self.__dict__.get("_foreach") or []]
+    def foreach_stack(self) -> list[tuple[int, int | None, Any]]:
+        """(index, num_splits, value) of every enclosing foreach, outermost first (a gang node: no num_splits)."""
+        return [f.stack_entry() for f in self.__dict__.get("_foreach") or []]
 
     # -- joins ------------------------------------------------------------------------------------
     def merge_artifacts(self, inputs: Iterable, exclude: Iterable[str] | None = None,

@@ -93,6 +93,53 @@ def check_train_settings(cfg: dict, overrides: Mapping[str, Any] | None = None) 
                                   + f" (valid in [{section}]: {', '.join(sorted(keys))})")
 
 
+def _whole(low: int) -> tuple[Any, str]:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f"a whole number >= {low}"
+
+
+def _number(test: Any, words: str) -> tuple[Any, str]:
+    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and test(v)), words
+
+
+_TEXT = ((lambda v: isinstance(v, str) and v.strip() != ""), "a non-empty string")
+# The pipeline's own sections (what its steps read, not stoker.train's): each key with its test and its range in words
+PIPELINE_SETTINGS: dict[str, dict[str, tuple[Any, str]]] = {
+    "data": {"source": _TEXT, "tokenizer": _TEXT, "block_size": _whole(2),
+             "val_fraction": _number(lambda v: 0 < v < 1, "a number > 0 and < 1 (the evaluate step needs a "
+                                                          "validation split), e.g. 0.01")},
+    "cluster": {"nodes": _whole(1), "nproc_per_node": _whole(1)},
+    "evaluate": {"batches": _whole(1), "max_new_tokens": _whole(0), "top_k": _whole(0),
+                 "temperature": _number(lambda v: 0 <= v < float("inf"), "a finite number >= 0 (0: greedy)"),
+                 "prompts": ((lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v)),
+                             "a list of strings")},
+}
+
+
+def check_pipeline_values(cfg: dict, overrides: Mapping[str, Any] | None = None) -> None:
+    """The [data], [cluster] and [evaluate] sections, which the pipeline's own steps read: a misspelt key or a value
+    out of its range fails here, when the run starts, in one line naming the key and the range (not after the data
+    is prepared, or in the gang, or in the evaluate step after training)."""
+    given = set(overrides or {})
+    for section, rules in PIPELINE_SETTINGS.items():
+        values = cfg.get(section)
+        if values is None:
+            continue
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{section}={values!r}: expected a table ([{section}] with {', '.join(rules)})")
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            where = f"--set {dotted}" if dotted in given else "the --config file"
+            if key not in rules:
+                near = difflib.get_close_matches(key, sorted(rules), n=1)
+                raise ConfigError(f"{where}: {dotted} is not a setting"
+                                  + (f"; did you mean {section}.{near[0]}?" if near else "")
+                                  + f" (valid in [{section}]: {', '.join(sorted(rules))})")
+            test, words = rules[key]
+            if not test(value):
+                said = f"--set {dotted}={value!r}" if dotted in given else f"the --config file: {dotted}={value!r}"
+                raise ConfigError(f"{said} is out of range: it must be {words}")
+
+
 def pipeline_summary(flow: str, run_id: str, m: Mapping[str, Any], e: Mapping[str, Any], seconds: float,
                      checkpoint: str, export_dir: str, compute: str) -> str:
     """What the `end` step prints: the result in a few lines, and where to look next (the numbers themselves
@@ -141,6 +188,7 @@ class PipelineConfig(Config):
         value = super().resolve(path, overrides, base_dir)
         if value is not None:
             check_train_settings(value.to_dict(), overrides)
+            check_pipeline_values(value.to_dict(), overrides)
             check_train_values(value.to_dict())
             check_train_plan(value.to_dict())
         return value
@@ -162,7 +210,9 @@ class LlamaPretrain(FlowSpec):
                             val_fraction=d.get("val_fraction", 0.0))
         self.prepare_seconds = time.time() - t0
         self.nodes = int(self.config.cluster.nodes)
-        self.next(self.train, num_parallel=self.nodes)
+        # the config's value, not self.nodes: a gang size read before the run starts is checked against the cluster
+        # then (launch.check_units), not after data preparation
+        self.next(self.train, num_parallel=int(self.config.cluster.nodes))
 
     @retry(times=2, minutes_between_retries=0)
     @monitor(interval=1)  # CPU, GPUs, NeuronCores of every node: charts in `stoker ui`, a card per node

@@ -11,6 +11,7 @@ same task entrypoint from a spec; a gang node learns its index, the main node's 
 port at run time from the engine's environment (see `nodeenv`).
 
 Backends may also stream output (`wait`) and declare what they can do (`Capabilities`); both are optional.
+A backend whose members are the run's own processes (local) is an `InProcessBackend`, with the hooks only it needs.
 The scheduler imports only this module, never a backend.
 """
 
@@ -62,6 +63,7 @@ class Unit:
     spec_key: str | None = None  # the unit spec blob (remote backends)
     flow_path: str = ""  # the flow file inside the code package
     throttle: int | None = None  # an array: at most this many members run at once
+    exclude_hosts: list[str] = field(default_factory=list)  # hosts that failed this run twice (engines that can avoid)
 
     @property
     def size(self) -> int:
@@ -166,11 +168,6 @@ class Backend(ABC):
     @abstractmethod
     def submit(self, request: Request) -> JobRef: ...
 
-    def dispatch(self) -> None:
-        """Start what submit() has queued (a backend that starts a pass's submissions together); the scheduler
-        calls it after each admission pass."""
-        return None
-
     @abstractmethod
     def poll(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         """Statuses keyed by job_id, in one engine call for all refs. A ref missing from the answer is
@@ -184,20 +181,37 @@ class Backend(ABC):
     def logs(self, ref: JobRef, member: int = 0, stream: str = "stdout") -> bytes:
         """What member `member` printed so far (b"" when nothing is known)."""
 
-    def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
-        """The in-process task entrypoint, for a backend that forks members from the scheduler, and what to
-        import before it forks them."""
-        return None
-
-    def handed(self, ref: JobRef, member: int) -> bytes | None:
-        """The manifest member `member` handed over as it finished (runtime/member/handover.py), or None: the scheduler
-        reads it from the store. Only a backend whose members are the run's own processes has any."""
-        return None
-
     def wait(self, timeout: float, sink: Sink) -> None:
         """Block up to `timeout` s or until something may have changed, feeding new output to `sink`."""
         time.sleep(timeout)
 
     def close(self) -> None:
         """Release what the backend holds (threads, fds)."""
+        return None
+
+
+class InProcessBackend(Backend):
+    """A backend whose members are the run's own processes (the local one): it is handed the in-process task
+    entrypoint, may start before the run is registered, starts a pass's submissions together, and hands finished
+    members' manifests over directly. The scheduler asks `isinstance(b, InProcessBackend)`; other engines know
+    none of this."""
+
+    remote = False
+    persist_refs = False
+
+    @abstractmethod
+    def bind(self, entry: Callable[[TaskSpec], int], preload: Callable[[], None] | None = None) -> None:
+        """The in-process task entrypoint the members run, and what to import before forking them."""
+
+    def start_early(self) -> None:
+        """Get ready while the run registers (e.g. fork a server that preloads)."""
+        return None
+
+    def dispatch(self) -> None:
+        """Start what submit() has queued (the scheduler calls it after each admission pass)."""
+        return None
+
+    def handed(self, ref: JobRef, member: int) -> bytes | None:
+        """The manifest member `member` handed over as it finished (runtime/member/handover.py), or None: the
+        scheduler reads it from the store."""
         return None

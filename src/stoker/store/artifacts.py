@@ -34,10 +34,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from stoker._hashing import CHUNK
+from stoker._hashing import CHUNK, preferred_algo
 from stoker.errors import StoreError
 from stoker.redact import REDACTED, SECRET_ENV_PREFIX
-from stoker.store.blobs import BlobStore
+from stoker.store.blobs import BlobStore, CorruptBlobError
 from stoker.store.signing import check_owner
 
 log = logging.getLogger(__name__)
@@ -131,21 +131,31 @@ def _array_chunks(arr: np.ndarray) -> Iterator[memoryview]:
 
 
 def _read_raw(store: BlobStore, key: str, nbytes: int, mmap: bool | None) -> np.ndarray:
-    """A uint8 array with blob ``key``'s bytes: read into memory, or a copy-on-write memory map (its
-    pages are shared with the page cache until written; writes stay private to this process)."""
+    """A uint8 array with blob ``key``'s bytes, verified against the key before it is returned: read into memory
+    (and those bytes hashed), or a copy-on-write memory map (its pages hashed where they lie, once per process for
+    the same file; they are shared with the page cache until written, and writes stay private to this process)."""
     if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
-    path = store.blob_path(key)
+
+    def torn(path: Any, size: int) -> StoreError:
+        return StoreError(f"blob {key} in {store.url} has {size} bytes, expected {nbytes}: it is torn or corrupted "
+                          f"({path}); re-run the step that produced it")
+
     if mmap or (mmap is None and nbytes >= MMAP_MIN):
-        if path.stat().st_size != nbytes:
-            raise StoreError(f"blob {key} in {store.url} has {path.stat().st_size} bytes, expected {nbytes}: "
-                             f"it is torn or corrupted; re-run the step that produced it")
-        return np.asarray(np.memmap(path, dtype=np.uint8, mode="c", shape=(nbytes,)))
-    raw = np.fromfile(path, dtype=np.uint8)
-    if raw.nbytes != nbytes:
-        raise StoreError(f"blob {key} in {store.url} has {raw.nbytes} bytes, expected {nbytes}: it is torn "
-                         f"or corrupted; re-run the step that produced it")
-    return raw
+        def mapped(path: Any) -> np.memmap:
+            if (size := path.stat().st_size) != nbytes:
+                raise torn(path, size)
+            return np.memmap(path, dtype=np.uint8, mode="c", shape=(nbytes,))
+
+        return np.asarray(store.read_blob(key, mapped))
+
+    def read(path: Any) -> np.ndarray:
+        raw = np.fromfile(path, dtype=np.uint8)
+        if raw.nbytes != nbytes:
+            raise torn(path, raw.nbytes)
+        return raw
+
+    return store.read_blob(key, read, once=False)
 
 
 def _tensor_raw_ok(obj: Any, torch: Any) -> bool:
@@ -240,27 +250,29 @@ def _maybe_compress(body: bytes) -> tuple[bytes, str | None]:
 def save_artifact(store: BlobStore, obj: Any, *, name: str | None = None) -> dict[str, Any]:
     """Serialize ``obj`` into ``store``; return its JSON-serializable descriptor.
 
-    ``name`` (the artifact's name) only makes error messages clearer.
+    ``name`` (the artifact's name) only makes error messages clearer. Blobs are addressed by their BLAKE3 hash
+    (keys ``b3-...``) where the ``blake3`` package is installed, else by their sha256.
     """
     base = {"type": type_name(obj), "repr": short_repr(obj)}
+    algo = preferred_algo()
     if _raw_array_ok(obj):
         order = "F" if (obj.flags.f_contiguous and not obj.flags.c_contiguous) else "C"
-        key = store.put_blob_stream(_array_chunks(obj))
+        key = store.put_blob_stream(_array_chunks(obj), algo=algo)
         return {"kind": "ndarray", **base, "type": "numpy.ndarray", "size": int(obj.nbytes), "sha": key,
                 "blobs": [key], "dtype": obj.dtype.str, "shape": list(obj.shape), "order": order}
     if type(obj) in (bytes, bytearray) and len(obj) > INLINE_MAX:
-        key = store.put_blob(obj)
+        key = store.put_blob(obj, algo=algo)
         return {"kind": "bytes", **base, "size": len(obj), "sha": key, "blobs": [key]}
     torch = _torch_of(obj)
     if torch is not None and _tensor_raw_ok(obj, torch):
         raw = _tensor_bytes(obj)
-        key = store.put_blob_stream(_chunks_of(raw))
+        key = store.put_blob_stream(_chunks_of(raw), algo=algo)
         return {"kind": "tensor", **base, "size": int(raw.nbytes), "sha": key, "blobs": [key],
                 **_tensor_meta(obj)}
-    return _save_pickle(store, obj, base, name)
+    return _save_pickle(store, obj, base, name, algo)
 
 
-def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | None) -> dict[str, Any]:
+def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | None, algo: str) -> dict[str, Any]:
     buffers: list[pickle.PickleBuffer] = []
     bio = io.BytesIO()
     try:
@@ -277,7 +289,7 @@ def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | N
         desc.update(sha=hashlib.sha256(body).hexdigest(), blobs=[], inline=base64.b64encode(body).decode())
         return desc
     packed, method = _maybe_compress(body)
-    body_key = store.put_blob(packed)
+    body_key = store.put_blob(packed, algo=algo)
     desc.update(sha=body_key, blobs=[body_key], compression=method)
     if views:
         spans, off = [], 0
@@ -286,7 +298,7 @@ def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | N
             off = -(-(off + v.nbytes) // ALIGN) * ALIGN
         desc["buffers"] = spans
         desc["data_size"] = spans[-1][0] + spans[-1][1]
-        desc["blobs"].append(store.put_blob_stream(_buffer_chunks(views)))
+        desc["blobs"].append(store.put_blob_stream(_buffer_chunks(views), algo=algo))
     return desc
 
 
@@ -302,14 +314,27 @@ def _buffer_chunks(views: list[memoryview]) -> Iterator[memoryview | bytes]:
             off += pad
 
 
-def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None = None) -> Any:
+def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None = None, name: str | None = None,
+                  pathspec: str | None = None) -> Any:
     """Rebuild the object described by ``desc`` (from :func:`save_artifact`).
+
+    Every blob is verified against its content address before anything built from it is returned: bytes and
+    pickle bodies as they are read, arrays, tensors and out-of-band buffers too (a memory-mapped one: its pages,
+    once per process). A blob that was changed after it was written raises StoreError naming the artifact
+    (``name``), its task (``pathspec``, ``Flow/run/step/task``, when the caller knows them) and the fix.
 
     Arrays, tensors and out-of-band buffers are backed by a copy-on-write memory map of their blob when
     ``mmap=True`` (or, by default, when at least 1 MiB): loading is then nearly free, pages come from
     the page cache as they are touched, and writes stay private to the process. ``mmap=False`` reads
     them into memory.
     """
+    try:
+        return _load(store, desc, mmap)
+    except CorruptBlobError as e:
+        raise _changed_blob(store, desc, e, name, pathspec) from None
+
+
+def _load(store: BlobStore, desc: dict[str, Any], mmap: bool | None) -> Any:
     kind = desc.get("kind")
     try:
         if kind == "ndarray":
@@ -337,14 +362,25 @@ def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None =
     raise StoreError(f"unknown artifact kind {kind!r} in descriptor {desc} (written by a newer stoker?)")
 
 
+def _changed_blob(store: BlobStore, desc: dict[str, Any], e: CorruptBlobError, name: str | None,
+                  pathspec: str | None) -> StoreError:
+    """The one-line error of an artifact whose blob no longer matches its content address, with the fix."""
+    what = f"artifact {name!r}" if name else f"an artifact of type {desc.get('type')} ({desc.get('repr')})"
+    parts = pathspec.split("/") if pathspec else []
+    run, step = (parts[1], parts[2]) if len(parts) >= 3 else ("RUN", "STEP")
+    also = (" (a put skips a blob already stored: delete that object first)" if e.remote else "")
+    return StoreError(
+        f"{what}{f' of task {pathspec}' if pathspec else ''} was not loaded: its blob {e.key} in the store "
+        f"{store.url} does not match its hash (its content hashes to {e.got[:19]}...): the blob was changed after "
+        f"it was written. Rerun the step that made it (python flow.py resume {run} --step {step}){also}, or restore "
+        f"the blob from a copy")
+
+
 def _load_pickle(store: BlobStore, desc: dict[str, Any], mmap: bool | None) -> Any:
     if "inline" in desc:
-        body = base64.b64decode(desc["inline"])
+        body = base64.b64decode(desc["inline"])  # (inside the signed manifest)
     else:
-        packed = store.get_blob(desc["blobs"][0])
-        if hashlib.sha256(packed).hexdigest() != desc["blobs"][0]:  # the signed manifest names this content
-            raise StoreError(f"blob {desc['blobs'][0]} in {store.url} does not match its hash: it was corrupted "
-                             f"or replaced; it is not unpickled. Re-run the step that produced it")
+        packed = store.get_blob(desc["blobs"][0])  # hashed against its key: the signed manifest names this content
         body = _decompress(packed, desc.get("compression"))
     buffers: list[memoryview] = []
     if desc.get("buffers"):

@@ -112,6 +112,26 @@ def _journal_from_env() -> str | None:
     return value.lower()
 
 
+def index_fix(path: Path, e: BaseException) -> str:
+    """What to do about a failed open, read or write of the index at ``path``: rebuild a damaged one, free space
+    on a full disk, wait for a lock; the writable-folder hint only where the system refused access."""
+    msg = str(e).lower()
+    code = (getattr(e, "sqlite_errorcode", None) or -1) & 0xFF  # the primary code of an extended one
+    errno_ = getattr(e, "errno", None)
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or "malformed" in msg or "not a database" in msg:
+        return ("the index is damaged (corrupt); it only indexes the store, so rebuild it from the store with "
+                "`stoker reindex` (the damaged file is kept beside it)")
+    if code == sqlite3.SQLITE_FULL or "disk is full" in msg or "disk full" in msg or errno_ == 28:  # ENOSPC
+        return f"free space on the file system of {path.parent} and retry"
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in msg or "busy" in msg:
+        return (f"another process holds it locked for longer than {_BUSY_TIMEOUT_S:.0f} s (the scheduler is "
+                f"its only writer: is another stoker run using this STOKER_HOME?); retry when it is done")
+    if code in (sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_AUTH) \
+            or isinstance(e, PermissionError) or "readonly" in msg or "unable to open" in msg:
+        return "check that the file and its folder are writable (set STOKER_HOME to a writable folder)"
+    return f"check the file system of {path.parent} (the message above is the system's)"
+
+
 class MetadataDB:
     """The SQLite metadata index at ``path`` (created if missing). Thread-safe.
 
@@ -144,8 +164,7 @@ class MetadataDB:
             # NORMAL is safe with WAL (a power loss may drop the last commits); a rollback journal needs FULL.
             self._conn.execute(f"PRAGMA synchronous = {'NORMAL' if self.journal_mode == 'wal' else 'FULL'}")
         except (OSError, sqlite3.Error) as e:
-            raise StoreError(f"cannot open the metadata database {self.path}: {e}; set STOKER_HOME to a "
-                             f"writable folder") from e
+            raise StoreError(f"cannot open the metadata database {self.path}: {e}; {index_fix(self.path, e)}") from e
         if self.journal_mode != wanted:
             log.warning("%s stays in journal mode %s instead of %s: another process has it open; it switches "
                         "when opened while no other connection is", self.path, self.journal_mode, wanted)
@@ -157,7 +176,7 @@ class MetadataDB:
             try:
                 self._conn.executescript(_SCHEMA)  # idempotent; executescript commits on its own
             except sqlite3.Error as e:
-                raise StoreError(f"cannot create the tables of {self.path}: {e}") from e
+                raise StoreError(f"cannot create the tables of {self.path}: {e}; {index_fix(self.path, e)}") from e
         with self._tx() as c:
             row = c.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
@@ -182,16 +201,8 @@ class MetadataDB:
 
     def _write_error(self, e: sqlite3.Error) -> StoreError:
         """A StoreError for a failed write to the database: what failed and how to fix it."""
-        msg = str(e)
-        code = getattr(e, "sqlite_errorcode", -1) & 0xFF  # the primary code of an extended one
-        if code == sqlite3.SQLITE_FULL or "disk is full" in msg or "disk full" in msg:
-            fix = f"free space on the file system of {self.path.parent} and retry"
-        elif code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in msg or "busy" in msg:
-            fix = (f"another process holds it locked for longer than {_BUSY_TIMEOUT_S:.0f} s (the scheduler is "
-                   f"its only writer: is another stoker run using this STOKER_HOME?); retry when it is done")
-        else:
-            fix = "check that the file and its folder are writable (set STOKER_HOME to a writable folder)"
-        return StoreError(f"cannot write the metadata database {self.path}: {msg}; nothing was written: {fix}")
+        return StoreError(f"cannot write the metadata database {self.path}: {e}; nothing was written: "
+                          f"{index_fix(self.path, e)}")
 
     def _rollback(self) -> None:
         """End the open transaction, if any (SQLite may already have rolled it back itself)."""
@@ -232,7 +243,8 @@ class MetadataDB:
             try:
                 return self._conn.execute(sql, tuple(args)).fetchall()
             except sqlite3.Error as e:
-                raise StoreError(f"cannot read the metadata database {self.path}: {e}") from e
+                raise StoreError(f"cannot read the metadata database {self.path}: {e}; "
+                                 f"{index_fix(self.path, e)}") from e
 
     # --- writes ------------------------------------------------------------------------------------
     def create_run(self, flow: str, run_id: str, *, user: str, tags: Iterable[str] = (),

@@ -6,6 +6,8 @@ import getpass
 import os
 from pathlib import Path
 
+from stoker.store.tags import check_user_name
+
 
 def home_dir() -> Path:
     """The stoker home: ``$STOKER_HOME`` or ``./.stoker``, resolved to an absolute path."""
@@ -33,11 +35,13 @@ USER_VARS = ("STOKER_USER", "METAFLOW_USER", "SUDO_USER", "USERNAME", "USER")
 def current_user() -> str:
     """The user name runs are tagged with: the first of ``$STOKER_USER``, ``$METAFLOW_USER``, ``$SUDO_USER``,
     ``$USERNAME``, ``$USER`` that is set and not ``root`` (Metaflow's order, stoker's own variable first), else
-    ``root`` when one says so, else the login name."""
-    values = [v for v in (os.environ.get(var) for var in USER_VARS) if v]
-    named = [v for v in values if v != "root"]
+    ``root`` when one says so, else the login name. A name with a control character (a line break ...) or blank
+    is refused, naming the variable it came from."""
+    values = [(var, v) for var, v in ((var, os.environ.get(var)) for var in USER_VARS) if v]
+    named = [(var, v) for var, v in values if v != "root"]
     if named or values:
-        return (named or values)[0]
+        var, name = (named or values)[0]
+        return check_user_name(name, var)
     try:
         return getpass.getuser()
     except Exception:  # no passwd entry (containers)

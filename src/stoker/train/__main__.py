@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from stoker.errors import ConfigError, StokerError
+from stoker.errors import ConfigError, Preempted, StokerError
 
 log = logging.getLogger("stoker.train")
 
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     except StokerError as e:
         from stoker.exitstatus import exit_code_for, write_status
 
-        print(f"[rank{rank}] error: {e}", file=sys.stderr)
+        # a preemption is an expected stop (checkpoint committed, a retry resumes): one line per rank, not an error
+        print(f"[rank{rank}] {'preempted' if isinstance(e, Preempted) else 'error'}: {e}", file=sys.stderr)
         code = exit_code_for(e)  # 75: preempted, retry and resume; 78: deterministic, do not retry
         write_status(code, e)  # torchrun exits 1 whatever the code: the launching task reads it here
         return code

@@ -59,10 +59,11 @@ from stoker.train.checkpoint_files import (  # noqa: F401  (re-exported: hf.py, 
     on_rank0,
     parse_manifest,
     split,
+    step_name,
     verify,
 )
 from stoker.train.checkpoint_objects import ObjectReader, ObjectWriter
-from stoker.train.checkpoint_signing import sign_manifest
+from stoker.train.checkpoint_signing import KEY_HINT, sign_manifest
 from stoker.train.checkpoint_stage import HostStager
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,6 @@ def _age(path: str) -> float:
         except FileNotFoundError:
             continue
     return time.time() - newest
-
-
-def step_name(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -278,9 +275,9 @@ class Checkpointer:
         files = dict(files or {})
         on_disk = self.store.files(tmp)
         files.update(self.store.hash_files({rel: on_disk[rel] for rel in set(on_disk) - set(files)}))
-        manifest = {"step": step, "files": files, "fingerprint": self.fingerprint,
-                    "config": self.config, "layout": self.layout, "created": time.time(),
-                    "torch": torch.__version__}
+        manifest = {"step": step, "name": name, "directory": self.store.url(), "files": files,
+                    "fingerprint": self.fingerprint, "config": self.config, "layout": self.layout,
+                    "created": time.time(), "torch": torch.__version__}  # signed: where it belongs (check_place)
         manifest = sign_manifest(manifest)  # readers check it before trusting a checksum (or unpickling anything)
         self.store.write_atomic(json.dumps(manifest, indent=1, sort_keys=True), tmp, MANIFEST)
         aside = None
@@ -315,8 +312,12 @@ class Checkpointer:
     def latest(self) -> str | None:
         """Name of the newest loadable checkpoint here (``latest``, else the newest valid one), or None.
         Collective under a process group (the ranks share the verification)."""
-        found = newest_valid(self.store)
+        skipped: list[str] = []
+        found = newest_valid(self.store, skipped)
         if found is None:
+            if skipped and all(KEY_HINT in e for e in skipped):  # starting afresh would prune them: refuse
+                raise CheckpointError(f"checkpoint.resume=auto: no checkpoint in {self.store.url()} verifies with "
+                                      f"{KEY_HINT} (the cause is the key, not damage): {skipped[0]}")
             return None
         self._verified[self.store.url(found[0])] = found[1]
         return found[0]

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from stoker.errors import CheckpointError
 from stoker.store.objects import open_objects
-from stoker.train.checkpoint_signing import check_signature
+from stoker.train.checkpoint_signing import KEY_HINT, check_signature
 
 log = logging.getLogger("stoker.train.checkpoint")
 
@@ -48,6 +48,30 @@ _HASH_THREADS = 4
 
 def is_step_name(name: str) -> bool:
     return re.fullmatch(rf"{PREFIX}\d+", name) is not None
+
+
+def step_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def check_place(manifest: dict[str, Any], store: Store, name: str) -> None:
+    """Refuse, like a damaged one, a checkpoint that is not the step its folder names: a ``step_N`` folder holding
+    another step's files (one copied or renamed over it) would resume "from step N" while continuing from the
+    other step, and export and evaluate the other step's weights as step N's. The signed manifest names its step,
+    and since issue 27 the folder it was committed as (``name``) and in (``directory``); an older manifest, without
+    them, is accepted when its step is the folder's. A folder that names no step (renamed by hand) claims none."""
+    if not is_step_name(name):
+        return
+    step, folder_step = manifest.get("step"), int(name[len(PREFIX):])
+    if isinstance(step, int) and not isinstance(step, bool) and step == folder_step:
+        return
+    was = manifest.get("name") or (step_name(step) if isinstance(step, int) else "no step")
+    where = f" in {manifest['directory']}" if isinstance(manifest.get("directory"), str) else ""
+    raise CheckpointError(
+        f"{store.url(name)} holds the checkpoint of step {step}, not of step {folder_step}: its signed {MANIFEST} "
+        f"says it was committed as {was}{where}, so it was copied or renamed over this folder and would continue "
+        f"from step {step} as if it were step {folder_step}; use {was} itself, or delete {name} (the newest valid "
+        "checkpoint before it is then used)")
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -345,6 +369,7 @@ def verify(store: Store, name: str) -> dict[str, Any]:
                                   "(torn write); use an earlier checkpoint")
         manifest = parse_manifest(store.read_text(name, MANIFEST), store.url(name, MANIFEST))
         check_signature(manifest, store.url(name, MANIFEST))  # before its checksums vouch for any file
+        check_place(manifest, store, name)  # signed: its step is the one it was committed as
         rels = sorted(manifest["files"])
         _check_share(store, name, {rel: manifest["files"][rel] for rel in rels[rank::world]})
         if rank == 0:
@@ -373,14 +398,17 @@ def candidates(store: Store) -> list[str]:
     return names
 
 
-def newest_valid(store: Store) -> tuple[str, dict[str, Any]] | None:
+def newest_valid(store: Store, skipped: list[str] | None = None) -> tuple[str, dict[str, Any]] | None:
     """(name, verified manifest) of the checkpoint to resume from in ``store``: the one ``latest`` names,
-    else the newest valid one; every damaged one skipped is named in a warning. Collective under a group."""
+    else the newest valid one; every damaged one skipped is named in a warning (and its error appended to
+    ``skipped``). Collective under a group."""
     rank, _ = group()
     for name in on_rank0(lambda: candidates(store), store.url()):
         try:
             return name, verify(store, name)
         except CheckpointError as e:
+            if skipped is not None:
+                skipped.append(str(e))
             if rank == 0:
                 log.warning("skipping checkpoint %s: %s", store.url(name), e)
     return None
@@ -408,10 +436,16 @@ def find(url: str, what: str) -> tuple[str, dict[str, Any]]:
         return url, verify(Store(base), name)
     store = Store(url)
     if store.exists(LATEST) or any(is_step_name(n) for n in store.list()):
-        found = newest_valid(store)
+        skipped: list[str] = []
+        found = newest_valid(store, skipped)
         if found is None:
-            raise CheckpointError(f"{what}: no valid checkpoint in {url} (each is torn or damaged, see the "
-                                  "warnings above); give another checkpoint or start afresh")
+            keyed = [e for e in skipped if KEY_HINT in e]
+            if keyed and len(keyed) == len(skipped):  # the key, not the checkpoints: say so
+                raise CheckpointError(f"{what}: no checkpoint in {url} verifies with {KEY_HINT} (the cause is the "
+                                      f"key, not damage): {keyed[0]}")
+            raise CheckpointError(f"{what}: no valid checkpoint in {url} (each is torn or damaged"
+                                  + (f", or signed with another key than {KEY_HINT}" if keyed else "")
+                                  + ", see the warnings above); give another checkpoint or start afresh")
         return store.url(found[0]), found[1]
     raise CheckpointError(f"{what}: no committed checkpoint at {url} (no {MANIFEST}, no {LATEST}, no {PREFIX}* "
                           "folder); give a step_XXXXXXXX folder or a checkpoint directory")

@@ -192,6 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corrupt-rank", type=int, default=-1, help=argparse.SUPPRESS)  # tests: a wrong value
     ap.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)  # tests: a hung rank
     args = ap.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+    except (ValueError, KeyError, IndexError):
+        ap.error(f"argument --sizes: {args.sizes!r} is not a list of sizes such as 4K,256K,4M")
+    if min(sizes) < 1 or args.iters < 1 or args.warmup < 0 or not args.timeout > 0:
+        ap.error("--sizes must be >= 1 byte, --iters >= 1, --warmup >= 0 and --timeout > 0")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print("error: stoker.train.collectives runs under torchrun, which sets RANK and WORLD_SIZE: "
+              "torchrun --nproc-per-node 2 -m stoker.train.collectives", file=sys.stderr)
+        return 2
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -200,9 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     comm = _Xla(args.timeout) if backend == "xla" else _Torch(backend, local_rank, args.timeout)
     try:
         try:
-            results = measure(comm, [parse_size(s) for s in args.sizes.split(",")], rank=rank, world=world,
-                              iters=args.iters, warmup=args.warmup, corrupt_rank=args.corrupt_rank,
-                              hang_rank=args.hang_rank, hang_s=args.timeout * 2)
+            results = measure(comm, sizes, rank=rank, world=world, iters=args.iters, warmup=args.warmup,
+                              corrupt_rank=args.corrupt_rank, hang_rank=args.hang_rank, hang_s=args.timeout * 2)
         except ValueError as e:
             print(f"[rank {rank}] {e}", file=sys.stderr, flush=True)
             return 2

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stoker.errors import CheckpointError, DataError, StokerError
+from stoker.errors import CheckpointError, ConfigError, DataError, StokerError
 from stoker.train.model import Llama
 
 
@@ -39,6 +39,9 @@ def load_model(checkpoint: str) -> Llama:
 @torch.no_grad()
 def validation_loss(model: Llama, dataset: Any, batches: int = 8, batch_size: int = 4) -> dict[str, float]:
     """Mean next-token loss over the first `batches` x `batch_size` blocks (deterministic)."""
+    if batches < 1 or batch_size < 1:
+        raise ConfigError(f"evaluate: batches={batches} and batch_size={batch_size}: both must be at least 1 (the "
+                          "loss is the mean over batches x batch_size blocks)")
     n = min(len(dataset), batches * batch_size)
     if n == 0:
         raise DataError("the evaluation split holds no blocks: prepare the data with a larger val_fraction")
@@ -75,6 +78,16 @@ def generate(model: Llama, prompt_ids: list[int], max_new_tokens: int, *, temper
     return ids[len(prompt_ids):]
 
 
+def check_settings(*, batches: int, batch_size: int, max_new_tokens: int, temperature: float, top_k: int) -> None:
+    """A ConfigError naming the first setting out of its range."""
+    for name, value, low in (("batches", batches, 1), ("batch_size", batch_size, 1),
+                             ("max_new_tokens", max_new_tokens, 0), ("top_k", top_k, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"evaluate: {name}={value!r}: must be a whole number >= {low}")
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature < math.inf):
+        raise ConfigError(f"evaluate: temperature={temperature!r}: must be a finite number >= 0 (0: greedy)")
+
+
 def evaluate_checkpoint(checkpoint: str, data: Any, *, split: str = "val", batches: int = 8, batch_size: int = 4,
                         tokenizer: str | None = "llama", prompts: list[str] | None = None,
                         max_new_tokens: int = 24, temperature: float = 0.0, top_k: int = 0,
@@ -83,6 +96,8 @@ def evaluate_checkpoint(checkpoint: str, data: Any, *, split: str = "val", batch
     prompt (greedy, or sampled at ``temperature`` from the ``top_k`` likeliest tokens, seeded by ``seed``)."""
     from stoker.data import open_dataset
 
+    check_settings(batches=batches, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                   top_k=top_k)  # before the checkpoint is read
     torch.manual_seed(0)
     model = load_model(checkpoint)
     out: dict[str, Any] = validation_loss(model, open_dataset(data, split=split), batches, batch_size)

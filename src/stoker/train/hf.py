@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stoker.errors import CheckpointError, ConfigError
+from stoker.errors import CheckpointError, ConfigError, StokerError
 from stoker.train.model import LlamaConfig
 
 log = logging.getLogger(__name__)
@@ -259,6 +259,23 @@ def _copy_tokenizer(tokenizer: str | os.PathLike[str], out: Path) -> list[str]:
     return names
 
 
+def check_output_folder(out_dir: str | os.PathLike[str]) -> Path:
+    """``out_dir`` if the export can be written there (a folder, or a path whose nearest existing parent is a
+    writable folder); else a ConfigError in one line. Nothing is created."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"export: {out} is a file, not a folder; give the folder to write the model into")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"export: cannot create the folder {out}: {parent} is a file; give another folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"export: cannot create or write the folder {out}: {parent} is not writable; give a "
+                          "folder that can be written")
+    return out
+
+
 def export_hf(model_or_state_dict: nn.Module | Mapping[str, Any], cfg: LlamaConfig, out_dir: str | os.PathLike[str],
               dtype: torch.dtype | None = torch.bfloat16, *, tokenizer: str | os.PathLike[str] | None = None,
               bos_token_id: int | None = None, eos_token_id: int | list[int] | None = None,
@@ -286,8 +303,12 @@ def export_hf(model_or_state_dict: nn.Module | Mapping[str, Any], cfg: LlamaConf
         tensors = {k: (v.to(target_dtype) if target_dtype is not None else v).contiguous().clone()
                    for k, v in hf_sd.items()}
         saved_dtype = next(iter(tensors.values())).dtype
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        out = check_output_folder(out_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"export: cannot create the folder {out} ({e.strerror}); give a folder that can be "
+                              "written") from None
         for stale in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
             stale.unlink()
         files = _save_shards(tensors, out, max_shard_bytes)
@@ -465,6 +486,7 @@ def export_from_checkpoint(checkpoint: str | os.PathLike[str], out_dir: str | os
 
     Run it in a single process (no torchrun needed). ``kwargs`` go to :func:`export_hf` (``tokenizer``,
     ``bos_token_id``, ``eos_token_id``, ``max_shard_bytes``)."""
+    check_output_folder(out_dir)  # before the weights are read: a bad target fails in a moment
     cfg, weights, manifest = load_checkpoint_weights(checkpoint, what="export")
     if not cfg.tie_embeddings and "output.weight" not in weights:
         raise CheckpointError(f"export: {checkpoint} lacks output.weight for an untied model")
@@ -488,8 +510,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export_from_checkpoint(args.checkpoint, args.out_dir, dtype=getattr(torch, args.dtype),
                                      tokenizer=args.tokenizer)
-    except (CheckpointError, ConfigError) as e:
+    except StokerError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # writing the files failed (no space left, ...): one line naming the path
+        print(f"error: export to {args.out_dir}: {e.strerror or e}"
+              + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
         return 1
     print(out)
     return 0

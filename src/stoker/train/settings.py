@@ -7,6 +7,7 @@ model shapes.
     [parallel]    ParallelConfig
     [checkpoint]  CheckpointSection
     [metrics]     MetricsSection
+    [stragglers]  StragglersSection
     out_dir       TrainConfig, which holds them all
 
 Each field carries its help text (``field_help(TrainSection)["lr"]``) and each class validates itself in
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from stoker.errors import ConfigError
 __all__ = [
     "AC_MODES", "DP_MODES", "MODEL_CONFIGS", "PRECISIONS", "SCHEDULES", "SECTIONS",
     "CheckpointSection", "DataSection", "LlamaConfig", "MetricsSection", "ModelSection", "OptimSection",
-    "ParallelConfig", "TrainConfig", "TrainSection",
+    "ParallelConfig", "StragglersSection", "TrainConfig", "TrainSection",
     "field_help", "get_model_config", "section_keys", "setting", "with_overrides",
 ]
 
@@ -45,6 +47,16 @@ def setting(default: Any = MISSING, help: str = "", *, factory: Any = MISSING) -
 def field_help(cls: type) -> dict[str, str]:
     """``{field name: help text}`` of a settings dataclass, in declaration order."""
     return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def _check_finite(key: str, value: float, *, low: float | None = None, open_low: bool = False) -> None:
+    """A ConfigError unless ``value`` is a finite number (>= ``low``, or > it with ``open_low``)."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if open_low else value >= low
+    if not ok:
+        bound = "" if low is None else f" {'>' if open_low else '>='} {low:g}"
+        raise ConfigError(f"{key} must be a finite number{bound}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------------- [model]
@@ -74,6 +86,8 @@ class LlamaConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+        for name in ("norm_eps", "rope_theta"):
+            _check_finite(f"model.{name}", getattr(self, name), low=0.0, open_low=True)
         if self.dim % self.n_heads:
             raise ConfigError(
                 f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads}); "
@@ -243,6 +257,7 @@ class DataSection:
 
 # ---------------------------------------------------------------------------------------------------- [train]
 SCHEDULES = ("cosine", "linear", "constant")
+ACCELERATORS = ("auto", "cpu", "cuda", "neuron", "gpu", "trainium", "xla")  # the last three: accelerators.detect's
 
 
 @dataclass(kw_only=True)
@@ -282,6 +297,17 @@ class TrainSection:
             raise ConfigError(f"train.stop_after must be >= 0, got {self.stop_after}")
         if self.warmup_steps < 0 or self.log_every < 1:
             raise ConfigError("train.warmup_steps must be >= 0 and train.log_every >= 1")
+        for name in ("lr", "min_lr", "grad_clip"):
+            _check_finite(f"train.{name}", getattr(self, name))
+        _check_finite("train.weight_decay", self.weight_decay, low=0.0)
+        _check_finite("train.eps", self.eps, low=0.0, open_low=True)
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"train.{name} must be >= 0 and < 1, got {getattr(self, name)!r}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"train.seed must be >= 0 and < 2**32 (numpy's range), got {self.seed}")
+        if self.accelerator.lower() not in ACCELERATORS:
+            raise ConfigError(f"train.accelerator={self.accelerator!r}; use one of {ACCELERATORS}")
 
 
 OptimSection = TrainSection  # the class's former name, kept for code that imports it
@@ -353,6 +379,29 @@ class MetricsSection:
     progress: bool = setting(True, "show a progress bar on rank 0")
 
 
+# ----------------------------------------------------------------------------------------------- [stragglers]
+@dataclass(kw_only=True)
+class StragglersSection:
+    """``[stragglers]``: each rank times its steps; ranks and nodes that stay slower than the median are named
+    (in the log, the metrics, `stoker show` and the UI; see :mod:`stoker.train.stragglers`)."""
+
+    enabled: bool = setting(True, "time every rank's steps (compute, data wait, collective wait) and name the ranks "
+                                  "and nodes that stay slower than the median")
+    window: int = setting(0, "steps per scoring window: one small all_gather each (0: train.log_every)")
+    threshold: float = setting(0.7, "a rank or node scoring below this is slow (score: the median busy time, "
+                                    "compute + data wait, over its own)")
+    windows: int = setting(3, "consecutive slow windows before a rank or node is named")
+
+    def __post_init__(self) -> None:
+        if self.window < 0 or self.windows < 1:
+            raise ConfigError(f"stragglers.window must be >= 0 and stragglers.windows >= 1 (window={self.window}, "
+                              f"windows={self.windows})")
+        _check_finite("stragglers.threshold", self.threshold, low=0.0, open_low=True)
+        if self.threshold > 1:
+            raise ConfigError(f"stragglers.threshold must be > 0 and <= 1 (a fraction of the median), got "
+                              f"{self.threshold!r}")
+
+
 # ------------------------------------------------------------------------------------------------------ whole
 @dataclass(kw_only=True)
 class TrainConfig:
@@ -366,6 +415,8 @@ class TrainConfig:
     parallel: ParallelConfig = setting(factory=ParallelConfig, help="[parallel]: TP, data parallelism, precision")
     checkpoint: CheckpointSection = setting(factory=CheckpointSection, help="[checkpoint]: where, how often, resume")
     metrics: MetricsSection = setting(factory=MetricsSection, help="[metrics]: metrics file, TensorBoard, progress")
+    stragglers: StragglersSection = setting(factory=StragglersSection,
+                                            help="[stragglers]: per-rank step timing, slow ranks and nodes named")
 
     @property
     def checkpoint_dir(self) -> str:
@@ -384,7 +435,7 @@ class TrainConfig:
 
 SECTIONS: dict[str, type] = {
     "model": ModelSection, "data": DataSection, "train": TrainSection, "parallel": ParallelConfig,
-    "checkpoint": CheckpointSection, "metrics": MetricsSection,
+    "checkpoint": CheckpointSection, "metrics": MetricsSection, "stragglers": StragglersSection,
 }
 
 

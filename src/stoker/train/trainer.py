@@ -35,12 +35,14 @@ from stoker.errors import CheckpointError, ConfigError, DataError, Preempted, Tr
 from stoker.train.checkpoint import Checkpointer, load_trainer_state, resolve_resume, rng_state, set_rng_state
 from stoker.train.config import as_config, resolve_model
 from stoker.train.data_source import make_loader, open_training_data
+from stoker.train.ledger import Ledger
 from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
 from stoker.train.optim import LRSchedule, align_grads, allreduce_grads, build_optimizer, clip_grad_norm
 from stoker.train.optim_state import flat_state, set_step
 from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
 from stoker.train.settings import TrainConfig
+from stoker.train.stragglers import COLLECTIVE, COMPUTE, DATA, NULL_TIMER, StragglerMonitor
 from stoker.train.zero import Zero1AdamW, init_adamw_state
 
 log = logging.getLogger(__name__)
@@ -85,10 +87,13 @@ def _accelerator(name: str) -> Any:
 class Trainer:
     """Builds data, model, parallelism, optimizer and checkpointer from a :class:`TrainConfig`."""
 
+    step_timer: Any = NULL_TIMER  # fit() sets its straggler monitor's timer (stoker.train.stragglers)
+
     def __init__(self, cfg: TrainConfig, *, resume_from: str | None = None) -> None:
         # long on purpose: device, data, model, parallelism, optimizer, checkpoint in the one order they depend
         # on each other; each step's checks sit next to it
         self.cfg = cfg
+        self.ledger = Ledger.from_env()  # where this attempt's time goes (stoker.train.ledger): from here on
         t = cfg.train
         self.acc = _accelerator(t.accelerator)
         self.device = self.acc.set_device()
@@ -173,7 +178,9 @@ class Trainer:
                                   global_batch=self.global_batch)
         self.step = 0
         if self.resumed_from:
-            self.load(self.resumed_from)
+            with self.ledger.timed("checkpoint_load"):
+                self.load(self.resumed_from)
+            self.ledger.resumed(self.step)
 
     # -- checkpoint state -------------------------------------------------------------------------
     def state_dict(self, *, for_load: bool = False, trainer_key: str | None = None) -> dict[str, Any]:
@@ -224,7 +231,10 @@ class Trainer:
         set_rng_state(trainer_state["rng"])
 
     def save(self) -> str:
-        return self.checkpointer.save(self.step, self.state_dict())
+        with self.ledger.timed("checkpoint_save"):  # the blocking part (an async save goes on in the background)
+            url = self.checkpointer.save(self.step, self.state_dict())
+        self.ledger.saved(self.step, committed=not self.checkpointer.async_save)
+        return url
 
     # -- the loop ---------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -234,9 +244,12 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (loss averaged over the global batch, grad norm) as tensors."""
+        timer = self.step_timer  # per-phase times for straggler detection: no synchronisation
+        timer.begin()
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             batch = torch.from_numpy(next(self.loader)).to(self.device, non_blocking=True)  # [B, S+1]
+            timer.mark(DATA)
             inputs, targets = batch[:, :-1], batch[:, 1:]  # [B, S]
             if self.fsdp:
                 self.model.set_requires_gradient_sync(micro == self.accum - 1)
@@ -245,14 +258,18 @@ class Trainer:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
             (loss / self.accum if self.accum > 1 else loss).backward()
             loss_sum += loss.detach()
+            timer.mark(COMPUTE)
+        timer.slow()  # the test hook STOKER_TEST_SLOW_RANK (a no-op otherwise)
         loss = loss_sum / self.accum
         align_grads(self.model)
+        timer.mark(COMPUTE)
         if self.dp_group is not None:
             dist.all_reduce(loss, group=self.dp_group)
             loss /= self.dims.dp
             if not self.fsdp:
                 allreduce_grads(self.model, self.dp_group, self.dims.dp)
         grad_norm = clip_grad_norm(self.model, self.cfg.train.grad_clip)
+        timer.mark(COLLECTIVE)
         return loss, grad_norm
 
     def fit(self) -> dict[str, Any]:
@@ -269,6 +286,8 @@ class Trainer:
         stop_at = t.stop_after if t.stop_after else t.steps
         sigterm = _SigtermFlag()
         saved_at = self.step if self.resumed_from else -1
+        stragglers = StragglerMonitor.start(self)
+        self.ledger.loop_started(self.step, tokens_per_step, self.cfg.checkpoint.every)
         try:
             while self.step < min(t.steps, stop_at):
                 lr = self.schedule.apply()
@@ -284,6 +303,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.schedule.step()
                 self.step += 1
+                stragglers.end_step(self.step)
                 losses.append(loss)
                 steps_since_log += 1
                 if self.step % t.log_every == 0 or self.step == t.steps:
@@ -298,12 +318,13 @@ class Trainer:
                         record["mfu"] = tps * fpt / (peak * self.world_size)
                     with contextlib.suppress(Exception):
                         record.update({f"mem_{k}": v for k, v in self.acc.memory_stats().items()})
+                    record.update(stragglers.take())
                     writer.log(record)
+                    self.ledger.window(self.step)
                     t_log, steps_since_log = now, 0
                 else:
                     writer.advance(self.step)
-                every = self.cfg.checkpoint.every
-                if every and self.step % every == 0 and self.step < t.steps:
+                if (every := self.cfg.checkpoint.every) and self.step % every == 0 and self.step < t.steps:
                     last_ckpt, saved_at = self.save(), self.step
                 if self.step < min(t.steps, stop_at) and sigterm.agreed(self.device):
                     if saved_at != self.step:
@@ -319,13 +340,13 @@ class Trainer:
             raise
         finally:
             sigterm.restore()
+            self.ledger.close(self.step)
             writer.close()
         elapsed = time.perf_counter() - t_run
-        done = self.step - start_step
         return {
             "step": self.step, "losses": losses, "final_loss": losses[-1] if losses else None,
             "checkpoint": last_ckpt, "checkpoint_dir": self.cfg.checkpoint_dir, "resumed_from": self.resumed_from,
-            "tokens_per_s": done * tokens_per_step / elapsed if elapsed > 0 else 0.0,
+            "tokens_per_s": (self.step - start_step) * tokens_per_step / elapsed if elapsed > 0 else 0.0,
             "tokens": self.step * tokens_per_step, "metrics_path": self.cfg.metrics_path,
             "num_params": self.model_cfg.num_params(), "world_size": self.world_size,
             "dp": self.dims.dp, "tp": self.dims.tp, "accum": self.accum, "seq_len": self.seq_len,

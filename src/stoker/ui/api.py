@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from stoker.store.records import RUN_STATUSES
+from stoker.store.runstate import LOST
 from stoker.ui import content, data
 from stoker.ui.safe import SERIES_KINDS, STREAMS, attempt_no, choice, component
 
@@ -38,10 +39,10 @@ def _task(request: Request) -> tuple[str, str, str, str]:
 async def runs(request: Request) -> Response:
     q = request.query_params
     status = q.get("status") or None
-    if status is not None and status not in RUN_STATUSES:
-        raise HTTPException(400, f"status {status!r} is not one of {', '.join(RUN_STATUSES)}")
-    return JSONResponse(data.list_runs(_ctx(request).db, flow=q.get("flow") or None, status=status,
-                                       tag=q.get("tag") or None))
+    if status is not None and status not in (*RUN_STATUSES, LOST):
+        raise HTTPException(400, f"status {status!r} is not one of {', '.join((*RUN_STATUSES, LOST))}")
+    return JSONResponse(data.list_runs(_ctx(request).db, _ctx(request).store, flow=q.get("flow") or None,
+                                       status=status, tag=q.get("tag") or None))
 
 
 async def run(request: Request) -> Response:

@@ -14,6 +14,7 @@ from stoker.store.blobs import BlobStore
 from stoker.store.manifest import read_run_record, run_prefix
 from stoker.store.metadata import MetadataDB
 from stoker.store.records import AttemptRecord, RunRecord
+from stoker.store.runstate import LOST, RunState, run_state
 from stoker.ui.dag import edges_from_manifests, edges_from_source, layout
 
 _SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
@@ -29,19 +30,27 @@ def _duration(start: float | None, end: float | None, running: bool) -> float | 
     return end - start
 
 
-def run_summary(r: RunRecord) -> dict[str, Any]:
-    return {"flow": r.flow, "run_id": r.run_id, "status": r.status, "user": r.user,
+def run_summary(r: RunRecord, state: RunState | None = None) -> dict[str, Any]:
+    """A run as listed; ``state``: its status as shown (a running run whose driver is gone is ``lost``, with a
+    note saying why and how to continue it: stoker.store.runstate)."""
+    state = state or RunState(r.status)
+    return {"flow": r.flow, "run_id": r.run_id, "status": state.status, "user": r.user,
             "created_at": r.created_at, "finished_at": r.finished_at,
-            "duration": _duration(r.created_at, r.finished_at, r.status == "running"),
+            "duration": _duration(r.created_at, r.finished_at, state.status == "running"),
             "tags": list(r.user_tags), "system_tags": list(r.system_tags),
-            "origin_run_id": r.origin_run_id}
+            "origin_run_id": r.origin_run_id, "note": state.note}
 
 
-def list_runs(db: MetadataDB, *, flow: str | None = None, status: str | None = None, tag: str | None = None,
-              limit: int = 200) -> dict[str, Any]:
-    """The newest runs of every user (the UI shows every namespace), filtered by flow, status and tag."""
-    runs = db.list_runs(flow or None, tags=[tag] if tag else [], status=status or None, limit=limit)
-    return {"runs": [run_summary(r) for r in runs], "flows": db.list_flows(), "now": time.time()}
+def list_runs(db: MetadataDB, store: BlobStore | None = None, *, flow: str | None = None, status: str | None = None,
+              tag: str | None = None, limit: int = 200) -> dict[str, Any]:
+    """The newest runs of every user (the UI shows every namespace), filtered by flow, status (``lost`` too) and
+    tag. ``store``: where a running run's record is read, to tell a lost one."""
+    indexed = "running" if status == LOST else status
+    runs = db.list_runs(flow or None, tags=[tag] if tag else [], status=indexed or None, limit=limit)
+    shown = [run_summary(r, run_state(store, r.flow, r.run_id, r.status)) for r in runs]
+    if status:
+        shown = [r for r in shown if r["status"] == status]
+    return {"runs": shown, "flows": db.list_flows(), "now": time.time()}
 
 
 def _attempt(a: AttemptRecord) -> dict[str, Any]:
@@ -110,6 +119,7 @@ def run_detail(db: MetadataDB, store: BlobStore, flow: str, run_id: str, home: P
     rec = db.get_run(flow, run_id)
     if rec is None:
         return None
+    state = run_state(store, flow, run_id, rec.status)
     steps = db.list_steps(flow, run_id)
     tasks = []
     manifests = []
@@ -121,7 +131,7 @@ def run_detail(db: MetadataDB, store: BlobStore, flow: str, run_id: str, home: P
                       "node": shown[-1]["node"] if shown else None, "foreach_index": list(t.foreach_index),
                       "duration": _duration(t.started_at, t.finished_at, t.status == "running"),
                       "attempts": shown})
-    if rec.status == "running" and home is not None:
+    if state.status == "running" and home is not None:
         known = {(t["step"], t["task_id"], a["attempt"]) for t in tasks for a in t["attempts"]}
         for step, task_id, attempt in sorted(live_attempts(store, home, flow, run_id) - known):
             a = {"attempt": attempt, "status": "running", "started_at": None, "finished_at": None, "duration": None,
@@ -144,7 +154,7 @@ def run_detail(db: MetadataDB, store: BlobStore, flow: str, run_id: str, home: P
             states[t["step"]] = "running"
     for name in {*states, *(t["step"] for t in tasks)}:
         edges.setdefault(name, [])
-    return {"run": run_summary(rec), "params": rec.params,
+    return {"run": run_summary(rec, state), "params": rec.params,
             "steps": [{"name": s.step, "state": states[s.step], "num_tasks": s.num_tasks, "ok": s.num_ok,
                        "failed": s.num_failed, "running": s.num_running, "created_at": s.created_at,
                        "finished_at": s.finished_at} for s in steps],

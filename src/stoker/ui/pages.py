@@ -45,19 +45,21 @@ def run_row(r: dict) -> str:
     tags = " ".join(f'<span class="tag">{escape(t)}</span>' for t in r["tags"])
     return (f'<tr data-run="{escape(r["flow"])}/{escape(r["run_id"])}" data-status="{escape(r["status"])}">'
             f'<td>{escape(r["flow"])}</td><td><a href="{href}">{escape(r["run_id"])}</a></td>'
-            f'<td><span class="status {escape(r["status"])}">{escape(r["status"])}</span></td>'
+            f'<td><span class="status {escape(r["status"])}" title="{escape(r.get("note") or "")}">'
+            f'{escape(r["status"])}</span></td>'
             f'<td>{escape(r["user"] or "-")}</td><td>{_when(r["created_at"])}</td>'
             f'<td>{_took(r["duration"])}</td><td>{tags}</td></tr>')
 
 
 async def runs_page(request: Request) -> Response:
     q = request.query_params
-    listing = data.list_runs(request.app.state.ui.db, flow=q.get("flow") or None, status=q.get("status") or None,
+    ui = request.app.state.ui
+    listing = data.list_runs(ui.db, ui.store, flow=q.get("flow") or None, status=q.get("status") or None,
                              tag=q.get("tag") or None)
     flows = "".join(f'<option{" selected" if f == q.get("flow") else ""}>{escape(f)}</option>'
                     for f in listing["flows"])
     statuses = "".join(f'<option{" selected" if s == q.get("status") else ""}>{s}</option>'
-                       for s in ("running", "succeeded", "failed", "killed"))
+                       for s in ("running", "succeeded", "failed", "killed", "lost"))
     body = f"""<form id="filters" class="filters">
 <label>flow <select name="flow"><option value="">all</option>{flows}</select></label>
 <label>status <select name="status"><option value="">all</option>{statuses}</select></label>
@@ -98,18 +100,20 @@ async def run_page(request: Request) -> Response:
     r = detail["run"]
     params = ", ".join(f"{escape(k)}={escape(repr(v))}" for k, v in detail["params"].items()) or "-"
     body = f"""<section class="summary"><h1>{escape(flow)}/{escape(run_id)}
-<span id="run-status" class="status {escape(r['status'])}" \
+<span id="run-status" class="status {escape(r['status'])}" title="{escape(r['note'] or '')}" \
 data-status="{escape(r['status'])}">{escape(r['status'])}</span></h1>
 <p>user {escape(r['user'] or '-')} · started {_when(r['created_at'])} · took \
 <span id="run-took">{_took(r['duration'])}</span>
 · tags {escape(', '.join(r['tags']) or '-')} · parameters {params}</p>
+<p id="run-note" class="failure"{'' if r['note'] else ' hidden'}>{escape(r['note'] or '')}</p>
 <div id="failure" class="failure" hidden></div></section>
 <section><h2>DAG</h2><div id="dag-box">{dag_svg(detail['dag'])}</div></section>
 <section><h2>Tasks</h2><table id="tasks" class="grid"><thead><tr><th>step</th><th>task</th><th>node</th>
 <th>attempt</th><th>status</th><th>took</th><th>host</th><th></th></tr></thead><tbody></tbody></table></section>
 <section id="pipeline" hidden><h2>Pretraining pipeline</h2><div id="pipeline-body"></div></section>
 <section><h2>Training metrics</h2><label class="dim">x axis <select id="xaxis"><option value="step">step</option>
-<option value="time">time</option></select></label><div id="metric-charts" class="charts"></div></section>
+<option value="time">time</option></select></label>
+<ul id="stragglers" class="stragglers" hidden></ul><div id="metric-charts" class="charts"></div></section>
 <section><h2>Devices</h2><div id="monitor-charts" class="charts"></div></section>
 <section id="logs"><h2>Logs</h2><div class="logbar"><select id="log-pick"></select>
 <select id="log-stream"><option>stdout</option><option>stderr</option></select>

@@ -73,7 +73,9 @@ def test_runs_and_show_json_and_plain_output(tmp_path: Path, _stoker_home: Path)
     assert shown["parameters"]["alpha"] == 2 and [s["name"] for s in shown["steps"]] == ["end", "middle", "start"] \
         or sorted(s["name"] for s in shown["steps"]) == ["end", "middle", "start"]
     task = shown["steps"][0]["tasks"][0]
-    assert sorted(task) == ["artifacts", "attempt", "exception", "finished", "id", "pathspec", "successful"]
+    assert sorted(task) == ["artifacts", "attempt", "exception", "failed_attempts", "finished", "id", "pathspec",
+                            "stragglers", "successful"]
+    assert task["failed_attempts"] == []  # every task succeeded at once
     for args in (["runs"], ["show", run["pathspec"]]):  # not a terminal, no $COLUMNS: 80 columns
         out = _stoker(*args, home=_stoker_home)
         assert out.returncode == 0, out.stderr

@@ -29,6 +29,7 @@ from stoker.distributed.accel import (
 )
 from stoker.distributed.torchrun import TorchrunHelper, derive_nproc_per_node, override_args
 from stoker.errors import ConfigError
+from stoker.features.torchrun import helper_for
 from stoker.flow.current import ParallelInfo, current
 from stoker.runtime.member.node import apply_node_env
 
@@ -207,7 +208,7 @@ class Steps(FlowSpec):
 
 def test_the_helper_reads_batch_resources_and_torchrun_settings():
     par = ParallelInfo(main_ip="10.0.0.1", num_nodes=4, node_index=2, port=41000)
-    h = TorchrunHelper.for_task(Steps.train, par)
+    h = helper_for(Steps.train, par)
     assert h.resolved_nproc() == (32, "@batch(trainium=16) x 2 NeuronCores per device (trn1.32xlarge)")
     assert h.request["efa"] == 8 and h.uses_neuron()
     assert h.precompile == {"steps_this_run": 2} and h.neuron_cache == "neuron-cache/llama7b/"
@@ -219,17 +220,17 @@ def test_the_helper_reads_batch_resources_and_torchrun_settings():
     assert "--rdzv_conf=timeout=600" in cmd, "@torchrun's all_nodes_started_timeout bounds the rendezvous"
     os.environ["STOKER_RDZV_TIMEOUT"] = "3600"  # what the Batch backend gives the nodes of a multi-node job
     try:
-        assert "--rdzv_conf=timeout=3600" in TorchrunHelper.for_task(Steps.train, par).command("x.py")
+        assert "--rdzv_conf=timeout=3600" in helper_for(Steps.train, par).command("x.py")
     finally:
         del os.environ["STOKER_RDZV_TIMEOUT"]
-    other = TorchrunHelper.for_task(Steps.other, par)
+    other = helper_for(Steps.other, par)
     assert other.resolved_nproc() == (3, "@torchrun(nproc_per_node=...)") and other.neuron_cache is None
 
 
 def test_the_compile_cache_goes_to_the_tasks_own_store():
     current._set(store_url="s3://bucket/store")  # what the task entrypoint sets for every task
     try:
-        h = TorchrunHelper.for_task(Steps.train, ParallelInfo())
+        h = helper_for(Steps.train, ParallelInfo())
     finally:
         current._clear()
     assert h.store_url == "s3://bucket/store"
@@ -266,3 +267,13 @@ def test_more_processes_than_cores_or_gpus_is_refused():
     assert "16 trainium devices of a trn1.32xlarge have 32 NeuronCores" in nproc_problem(64, trn)
     assert "asks for 8 GPUs a node" in nproc_problem(16, {"gpu": 8})
     assert nproc_problem(64, {"trainium": 16}) is None  # cores per device unknown here: the node decides
+
+
+def test_a_failed_torchrun_is_named_by_its_entrypoint_not_its_whole_command():
+    from stoker.distributed.torchrun import _short
+
+    cmd = ["/p/python", "-m", "torch.distributed.run", "--nnodes=2", "--rdzv_conf=timeout=600", "train.py",
+           *(["--flag", "x" * 50] * 20)]
+    assert _short(cmd) == "torchrun ... train.py"
+    assert _short(["/p/python", "-m", "torch.distributed.run", "--nnodes=2", "-m", "stoker.train"]) \
+        == "torchrun ... -m stoker.train"

@@ -58,11 +58,11 @@ class ApiFlow(FlowSpec):
 
 
 def _task(step: str, is_join: bool | None) -> ApiFlow:
-    return ApiFlow._task_instance({}, lambda desc: desc["v"], step, is_join=is_join)
+    return ApiFlow._task_instance({}, lambda desc, name: desc["v"], step, is_join=is_join)
 
 
 def _view(step: str, **values: object) -> _ArtifactView:
-    return _ArtifactView({k: {"v": v, "sha": repr(v)} for k, v in values.items()}, lambda d: d["v"], step=step)
+    return _ArtifactView({k: {"v": v, "sha": repr(v)} for k, v in values.items()}, lambda d, n: d["v"], step=step)
 
 
 def test_current_outside_a_task_is_metaflows():

@@ -284,17 +284,17 @@ def test_switch_next_errors():
         def end(self):
             pass
 
-    f = G._task_instance({}, lambda d: d, "start")
+    f = G._task_instance({}, lambda d, n: d, "start")
     object.__setattr__(f, "mode", "zzz")
     with pytest.raises(RuntimeError, match=r"Switch condition variable 'mode' has value 'zzz' which is not in the "
                                            r"available cases: \['a', 'b'\]"):
         f.next({"a": f.start, "b": f.end}, condition="mode")
     with pytest.raises(Exception, match="does not exist"):
-        G._task_instance({}, lambda d: d, "start").next({"a": f.end}, condition="missing")
+        G._task_instance({}, lambda d, n: d, "start").next({"a": f.end}, condition="missing")
     with pytest.raises(Exception, match="cannot be combined"):
-        G._task_instance({}, lambda d: d, "start").next({"a": f.end}, condition="mode", foreach="x")
+        G._task_instance({}, lambda d, n: d, "start").next({"a": f.end}, condition="mode", foreach="x")
     with pytest.raises(Exception, match="needs condition="):
-        G._task_instance({}, lambda d: d, "start").next({"a": f.end})
+        G._task_instance({}, lambda d, n: d, "start").next({"a": f.end})
     object.__setattr__(f, "mode", "b")
     f.__dict__["_transition"] = None
     f.next({"a": f.start, "b": f.end}, condition="mode")

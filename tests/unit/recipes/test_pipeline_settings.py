@@ -15,6 +15,8 @@ from stoker.errors import ConfigError
 from stoker.flow.parameters import load_config_file
 from stoker.recipes.llama_pretrain import (
     DEFAULT_CONFIG,
+    LlamaPretrain,
+    check_pipeline_values,
     check_train_plan,
     check_train_settings,
     check_train_values,
@@ -77,3 +79,25 @@ def test_set_train_stepz_fails_before_any_task_starts(tmp_path):
     assert lines == ["error: --set train.stepz: train.stepz is not a setting; did you mean train.steps? (valid in "
                      "[train]: " + ", ".join(sorted(valid_settings()["train"])) + ")"], out
     assert "retry" not in out and "Traceback" not in out and "started" not in out
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("cluster.nodes", -1, "cluster.nodes=-1 is out of range: it must be a whole number >= 1"),
+    ("cluster.nproc_per_node", 0, "cluster.nproc_per_node=0 is out of range"),  # 0 is not "auto" here
+    ("cluster.nodes", "two", "cluster.nodes='two' is out of range"),
+    ("data.val_fraction", 0.0, "the evaluate step needs a validation split"),
+    ("data.block_size", 1, "data.block_size=1 is out of range: it must be a whole number >= 2"),
+    ("evaluate.batches", 0, "evaluate.batches=0 is out of range"),
+    ("evaluate.temperature", float("inf"), "a finite number >= 0"),
+    ("evaluate.prompts", "ROMEO:", "a list of strings"),
+    ("evaluate.batch", 8, "evaluate.batch is not a setting; did you mean evaluate.batches?"),
+])
+def test_the_pipelines_own_settings_are_range_checked_when_the_run_starts(key, value, message):
+    with pytest.raises(ConfigError) as e:
+        LlamaPretrain.config.resolve(None, {key: value})
+    assert message in str(e.value) and f"--set {key}" in str(e.value)
+
+
+def test_shipped_configs_pass_the_pipeline_checks():
+    check_pipeline_values(load_config_file(DEFAULT_CONFIG))
+    check_pipeline_values(LlamaPretrain.config.parser((EXAMPLES / "configs" / "llama2_7b.toml").read_text()))

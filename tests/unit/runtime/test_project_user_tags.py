@@ -1,5 +1,6 @@
-"""A user tag that looks like @project's system tag (`--tag project:other`) neither changes the task's
-`current.project_name` nor disappears from `current.tags` (Metaflow: current.tags are the user tags)."""
+"""A user tag that looks like @project's system tag (`--tag project:other`) is refused before anything runs (issue
+27: system-tag prefixes are reserved), on the Python path as on the command line; the user's own tags reach
+`current.tags` and leave `current.project_name` alone (Metaflow: current.tags are the user tags)."""
 
 from __future__ import annotations
 
@@ -41,14 +42,21 @@ def test_user_tag_named_like_a_project_tag(tmp_path, monkeypatch):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     backend = LocalBackend(str(path), mode="fork")
+    from stoker.errors import ConfigError
+
+    for bad in ("project:other", "project_branch:x", "user:mallory"):
+        with pytest.raises(ConfigError, match="system tags"):
+            start_run(mod.TagProjectFlow, lambda step: backend, params={}, quiet=True, tags=[bad, "plain"])
+    with pytest.raises(ConfigError, match="max_workers=0"):
+        start_run(mod.TagProjectFlow, lambda step: backend, params={}, quiet=True, max_workers=0)
     result = start_run(mod.TagProjectFlow, lambda step: backend, params={}, quiet=True, max_workers=2,
-                       tags=["project:other", "project_branch:x", "plain"])
+                       tags=["plain", "user:alice"])
     assert result.status == "succeeded", result.failures
     from stoker.client import Run
 
     data = Run(f"TagProjectFlow/{result.run_id}", _namespace_check=False)["start"].task.data
     assert (data.project, data.branch) == ("real", "user.alice")
-    assert data.tags == ["plain", "project:other", "project_branch:x"]
+    assert data.tags == ["plain", "user:alice"]
 
 
 if __name__ == "__main__":  # pragma: no cover

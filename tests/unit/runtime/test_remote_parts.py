@@ -16,7 +16,7 @@ from stoker.errors import ConfigError
 from stoker.runtime.member.node import member_spec
 from stoker.runtime.member.nodeenv import node_identity
 from stoker.runtime.package import build_package, stage_package, unpack_package
-from stoker.runtime.spec import TaskSpec
+from stoker.runtime.spec import GangSlot, TaskSpec
 from stoker.store.blobs import open_store
 
 
@@ -42,12 +42,15 @@ def test_identity_from_each_engine():
 
 
 def test_member_spec_fills_the_gang_position_at_run_time():
-    specs = [TaskSpec(flow="F", run_id="1", step="train", task_id=str(i),
-                      parallel={"main_ip": None, "num_nodes": 2, "node_index": i, "port": None,
-                                "control_task_id": "0"}).__dict__ for i in range(2)]
+    typed = [TaskSpec(flow="F", run_id="1", step="train", task_id=str(i), parallel=slot)
+             for i, slot in enumerate(GangSlot.gang(2, "0"))]
+    specs = [s.to_dict() for s in typed]  # a remote unit's document holds JSON; a local one's, the specs
     env = {"SLURM_JOB_ID": "9", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "STOKER_MAIN_ADDR": "10.0.0.1"}
-    spec = member_spec({"kind": "gang", "specs": specs}, env, SLURM)
-    assert spec.task_id == "1" and spec.parallel["main_ip"] == "10.0.0.1" and spec.parallel["port"] == port_for_job("9")
+    for doc in ({"kind": "gang", "specs": specs}, {"kind": "gang", "specs": typed}):
+        spec = member_spec(doc, env, SLURM)
+        assert spec.task_id == "1" and spec.parallel == GangSlot(main_ip="10.0.0.1", num_nodes=2, node_index=1,
+                                                                 port=port_for_job("9"), control_task_id="0")
+    assert typed[1].parallel.main_ip is None, "the driver's spec is left as it was"
     with pytest.raises(SystemExit, match="more members"):
         member_spec({"kind": "gang", "specs": specs}, {**env, "SLURM_NODEID": "5"}, SLURM)
 

@@ -12,10 +12,13 @@ import time
 import pytest
 
 from stoker import FlowSpec, step
+from stoker.flow.frames import ForeachFrame
 from stoker.flow.graph import FlowGraph
 from stoker.runtime.contract import Capabilities
+from stoker.runtime.driver.context import RunContext
 from stoker.runtime.driver.queue import STATES, TaskIndex
 from stoker.runtime.driver.scheduler import Scheduler, Task
+from stoker.runtime.driver.transitions import NewTask
 from stoker.store.blobs import open_store
 from stoker.store.metadata import MetadataDB
 from tests.helpers import run_flow
@@ -46,17 +49,14 @@ class FakeBackend:
     def capabilities(self) -> Capabilities:
         return Capabilities(cpus=64, memory_mb=1 << 20)
 
-    def dispatch(self) -> None:
-        pass
-
 
 def _scheduler(tmp_path, n: int, max_workers: int = 2) -> tuple[Scheduler, list[Task]]:
     backend = FakeBackend()
-    sched = Scheduler(flow_cls=WideFlow, graph=FlowGraph(WideFlow), run_id="1", store=open_store(str(tmp_path / "s")),
-                      db=MetadataDB(tmp_path / "db.sqlite"), router=lambda s: backend, run_inputs={}, user="u",
-                      tags=[], max_workers=max_workers, log_root=tmp_path / "logs")
+    ctx = RunContext(flow_cls=WideFlow, graph=FlowGraph(WideFlow), run_id="1", store=open_store(str(tmp_path / "s")),
+                     db=MetadataDB(tmp_path / "db.sqlite"), router=lambda s: backend, run_inputs={}, user="u")
+    sched = Scheduler(ctx, max_workers=max_workers, log_root=tmp_path / "logs")
     for i in range(n):
-        sched._add("work", [], [{"step": "start", "var": "items", "index": i, "num_splits": n}])
+        sched._add(NewTask("work", [], [ForeachFrame(step="start", var="items", index=i, num_splits=n)]))
     submitted: list[Task] = []
 
     def submit(tasks: list[Task], backend: FakeBackend) -> None:
@@ -122,6 +122,8 @@ def test_a_gang_is_admitted_whole_and_held_while_it_does_not_fit(tmp_path):
     sched, submitted = _scheduler(tmp_path, 1, max_workers=3)
     parent = sched.tasks[0]
     sched._add_gang("work", parent, 3)
+    assert [(t.task_id, t.gang, t.parallel.node_index, t.parallel.control_task_id) for t in sched.tasks[1:]] == \
+        [("2", "work-2", 0, "2"), ("3", "work-2", 1, "2"), ("4", "work-2", 2, "2")]  # numbered with the others
     sched._admit()
     assert [t.task_id for t in submitted] == ["1"]  # the gang of 3 does not fit next to it
     submitted[0].state = "ok"

@@ -3,6 +3,7 @@ the fallback attempt and what a dead task's log says."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
 from stoker.runtime.driver.fallback import crash_note, died_how, wants_fallback
 from stoker.runtime.driver.queue import Task
-from stoker.runtime.driver.transitions import arrive, chosen_steps, next_iteration
+from stoker.runtime.driver.transitions import Transitions, chosen_steps, next_iteration
 from tests.unit.flow.test_graph_errors import load
 
 FLOW = """
@@ -51,11 +52,9 @@ def _sched(tmp_path):
     cls, _ = load(tmp_path, FLOW)
     graph = FlowGraph(cls)
     lint(graph, {})
-    added = []
-    sched = SimpleNamespace(graph=graph, joins={}, flow_cls=cls,
-                            _add=lambda step, inputs, foreach, **kw: added.append((step, [i.step for i in inputs],
-                                                                                   kw.get("iteration"))))
-    return sched, added
+    ids = itertools.count(1)
+    sched = SimpleNamespace(graph=graph, flow_cls=cls, transitions=Transitions(graph, lambda: str(next(ids))))
+    return sched, sched.transitions
 
 
 def _task(step, nxt=None, iteration=(), task_id="1"):
@@ -65,24 +64,23 @@ def _task(step, nxt=None, iteration=(), task_id="1"):
 
 def test_recursive_switch_passes(tmp_path):
     sched, _ = _sched(tmp_path)
-    assert next_iteration(sched, _task("join"), "loop") == (0,)  # entering
-    assert next_iteration(sched, _task("loop", iteration=(0,)), "loop") == (1,)  # going round
-    assert next_iteration(sched, _task("loop", iteration=(4,)), "end") == ()  # leaving
-    assert next_iteration(sched, _task("start"), "a") == ()
+    assert next_iteration(sched.graph, _task("join"), "loop") == (0,)  # entering
+    assert next_iteration(sched.graph, _task("loop", iteration=(0,)), "loop") == (1,)  # going round
+    assert next_iteration(sched.graph, _task("loop", iteration=(4,)), "end") == ()  # leaving
+    assert next_iteration(sched.graph, _task("start"), "a") == ()
 
 
 def test_switch_goes_to_its_chosen_case_only(tmp_path):
     sched, _ = _sched(tmp_path)
-    assert chosen_steps(sched, _task("a", {"steps": ["ay"], "condition": "k"})) == ["ay"]
-    assert chosen_steps(sched, _task("start", {"steps": ["a", "b"]})) == ["a", "b"]
+    assert chosen_steps(sched.graph, _task("a", {"steps": ["ay"], "condition": "k"})) == ["ay"]
+    assert chosen_steps(sched.graph, _task("start", {"steps": ["a", "b"]})) == ["a", "b"]
 
 
 def test_join_after_a_switch_counts_the_branch_not_the_step(tmp_path):
-    sched, added = _sched(tmp_path)
-    arrive(sched, "join", _task("ay", task_id="4"))
-    assert added == []
-    arrive(sched, "join", _task("b", task_id="5"))
-    assert added == [("join", ["ay", "b"], ())]
+    _, transitions = _sched(tmp_path)
+    assert transitions.arrive("join", _task("ay", task_id="4")) == []
+    [join] = transitions.arrive("join", _task("b", task_id="5"))
+    assert (join.step, [i.step for i in join.inputs], join.iteration) == ("join", ["ay", "b"], ())
 
 
 def test_crash_note_names_the_signal():

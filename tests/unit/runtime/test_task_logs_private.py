@@ -9,6 +9,7 @@ import tempfile
 import pytest
 
 from stoker.flow.graph import FlowGraph
+from stoker.runtime.driver.context import RunContext
 from stoker.runtime.driver.output import TaskOutput
 from stoker.runtime.driver.scheduler import Scheduler
 from stoker.store.blobs import open_store
@@ -34,9 +35,9 @@ def test_default_log_root_is_private_and_ignores_a_planted_old_path(tmp_path, mo
     monkeypatch.setenv("TMPDIR", str(shared_tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
     flow_cls = _sleepy_flow()
-    sched = Scheduler(flow_cls=flow_cls, graph=FlowGraph(flow_cls), run_id="1", store=open_store(str(tmp_path / "s")),
-                      db=MetadataDB(tmp_path / "db.sqlite"), router=lambda step: None, run_inputs={}, user="u",
-                      tags=[])
+    sched = Scheduler(RunContext(flow_cls=flow_cls, graph=FlowGraph(flow_cls), run_id="1",
+                                 store=open_store(str(tmp_path / "s")), db=MetadataDB(tmp_path / "db.sqlite"),
+                                 router=lambda step: None, run_inputs={}, user="u"))
     root = sched.log_root
     assert root.resolve() != (shared_tmp / "stoker-logs").resolve() and not root.is_symlink()
     st = os.lstat(root)

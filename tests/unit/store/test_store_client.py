@@ -7,6 +7,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
+from stoker._hashing import key_algo
 from stoker.client import (
     DataArtifact,
     Flow,
@@ -79,7 +80,7 @@ def test_artifacts_are_lazy_and_carry_sha_and_size(hello, maker):
     task = Task("HelloFlow/1/end/5", **client_kw(hello))
     art = task["weights"]
     assert isinstance(art, DataArtifact) and art.pathspec == "HelloFlow/1/end/5/weights"
-    assert art.size == 48 and len(art.sha) == 64 and art.type == "numpy.ndarray"
+    assert art.size == 48 and key_algo(art.sha) is not None and art.type == "numpy.ndarray"
     assert sorted(a.id for a in task) == ["total", "weights"] and "total" in task
     assert task.artifacts.total.sha == task["total"].sha and "weights" in task.data
     assert DataArtifact("HelloFlow/1/end/5/total", **client_kw(hello)).data == 30

@@ -8,7 +8,9 @@ the HF export and evaluate (a step folder or a folder), and the three command li
   folder falls back to step 4 with a warning naming step 5;
 - an extra file in the checkpoint is never read: ignored with a warning naming it, step 5 is used;
 - a damaged ``latest``: ignored with a warning, the newest valid checkpoint (step 5) is used;
-- a manifest without its signature (an older stoker's), or signed with another key: like a damaged one.
+- a manifest without its signature (an older stoker's), or signed with another key: like a damaged one;
+- step 4's folder copied over step 5's (its signed manifest says step 4; issue 27): like a damaged one, with an
+  older manifest (no `name`, no `directory`) too; an older manifest in its own folder is still loaded.
 """
 
 from __future__ import annotations
@@ -36,9 +38,18 @@ torch.set_num_threads(1)
 
 STEP5, STEP4 = "step_00000005", "step_00000004"
 FILES = {"shard": f"{STEP5}/__0_0.distcp", "metadata": f"{STEP5}/.metadata", "manifest": f"{STEP5}/manifest.json",
-         "pointer": "latest"}
+         "pointer": "latest", "folder": STEP5}
 DAMAGES = [(t, k) for t in ("shard", "metadata", "manifest", "pointer") for k in ("truncated", "bitflip", "missing")]
 DAMAGES += [("shard", "extra"), ("pointer", "extra"), ("manifest", "unsigned"), ("manifest", "other-key")]
+DAMAGES += [("folder", "copied-over"), ("folder", "copied-older"), ("manifest", "older")]
+
+
+def _as_older(path: Path) -> None:
+    """The manifest as a stoker before issue 27 wrote it: no `name` or `directory` (signed all the same)."""
+    manifest = json.loads(path.read_text())
+    for key in (SIGNATURE, "name", "directory"):
+        del manifest[key]
+    path.write_text(json.dumps(sign_manifest(manifest)))
 
 
 def _cfg(out: Path, tokens: Path, steps: int) -> dict:
@@ -62,7 +73,14 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
 
 def damage(ck: Path, target: str, kind: str) -> None:
     path = ck / FILES[target]
-    if kind == "missing":
+    if target == "folder":  # step 4's checkpoint copied over step 5's
+        shutil.rmtree(path)
+        shutil.copytree(ck / STEP4, path)
+        if kind == "copied-older":
+            _as_older(path / "manifest.json")
+    elif kind == "older":
+        _as_older(path)
+    elif kind == "missing":
         path.unlink()
     elif kind in ("unsigned", "other-key"):
         manifest = json.loads(path.read_text())
@@ -92,7 +110,7 @@ def damage(ck: Path, target: str, kind: str) -> None:
 
 def expected(target: str, kind: str) -> str | None:
     """The step a folder reader should use; None when the newest (step 5) must be refused."""
-    return None if target in ("shard", "metadata", "manifest") and kind != "extra" else STEP5
+    return None if target in ("shard", "metadata", "manifest", "folder") and kind not in ("extra", "older") else STEP5
 
 
 @pytest.fixture
@@ -133,6 +151,7 @@ def test_every_reader_falls_back_or_refuses_in_one_line(case, reader, request, t
             else:
                 evaluate.load_model(source)
         _one_line(err.value)
+        assert target != "folder" or "holds the checkpoint of step 4, not of step 5" in str(err.value)
         assert not (tmp_path / "hf").exists()
         return
     want = want or STEP4
@@ -150,6 +169,10 @@ def test_every_reader_falls_back_or_refuses_in_one_line(case, reader, request, t
             assert (hf.export_from_checkpoint(source, tmp_path / "hf") / "config.json").exists()
     if want == STEP4:
         assert f"skipping checkpoint {copy / STEP5}" in caplog.text
+        if target == "folder":  # the real cause, named
+            assert "holds the checkpoint of step 4, not of step 5" in caplog.text
+    elif kind == "older":
+        assert "skipping" not in caplog.text
     elif target == "shard":  # the extra file
         assert "__9_0.distcp" in caplog.text and "ignored" in caplog.text
     elif kind != "missing":  # a pointer that names no checkpoint: ignored, or the one it names is skipped

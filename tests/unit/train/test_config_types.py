@@ -52,8 +52,8 @@ def test_toml_values_are_type_checked_and_name_the_file(tmp_path) -> None:
 
 
 def test_string_settings_keep_their_text_and_ints_widen_to_float() -> None:
-    cfg = load_config(None, ["checkpoint_dir=2024", "train.accelerator=5", "lr=1", "steps=7"])
-    assert cfg.checkpoint.dir == "2024" and cfg.train.accelerator == "5"
+    cfg = load_config(None, ["checkpoint_dir=2024", "data.split=5", "lr=1", "steps=7"])
+    assert cfg.checkpoint.dir == "2024" and cfg.data.split == "5"
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float) and cfg.train.steps == 7
     assert load_config(None, ['checkpoint.dir="quoted"']).checkpoint.dir == "quoted"
     assert from_dict({"train": {"steps": 3}, "model": {"max_seq_len": 64}}).model.resolve().max_seq_len == 64

@@ -32,6 +32,7 @@ class BatchDecorator(StepDecorator):
     """
 
     name = "batch"
+    engine = "batch"
     defaults: dict[str, Any] = {
         "cpu": None, "gpu": None, "memory": None, "image": None, "queue": None, "iam_role": None,
         "execution_role": None, "shared_memory": None, "max_swap": None, "swappiness": None, "inferentia": None,

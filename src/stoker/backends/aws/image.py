@@ -207,11 +207,12 @@ def step_kind(func: Any) -> tuple[str, bool]:
     """(kind, efa) of one step, from @batch and @resources (the larger of the two, as the backend does)."""
     from stoker.backends.aws.decorator import node_resources
     from stoker.backends.aws.instances import instance_type
+    from stoker.features.hooks import resources_request
     from stoker.flow.decorators import get_decorator
 
-    b, r = get_decorator(func, "batch"), get_decorator(func, "resources")
+    b = get_decorator(func, "batch")  # this backend's own decorator (backends/aws/decorator.py)
     opts = dict(b.attributes) if b else {}
-    res = node_resources(opts, {k: v for k, v in (r.attributes if r else {}).items() if v is not None})
+    res = node_resources(opts, resources_request(func))
     t = instance_type(opts["instance_type"]) if opts.get("instance_type") else None
     if res["trainium"] or res["inferentia"] or (t is not None and t.neuron_devices):
         return "neuron", res["efa"] > 0

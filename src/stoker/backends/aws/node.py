@@ -41,7 +41,7 @@ def wait_for_members(store: BlobStore, doc: dict, spec: TaskSpec, env: Mapping[s
     ends, the gang fails), not ours to wait for."""
     if doc.get("kind") != "gang" or "AWS_BATCH_JOB_NODE_INDEX" not in env or node_identity(env, BATCH).member != 0:
         return
-    others = [TaskSpec(**s) for s in doc["specs"][1:]]
+    others = [TaskSpec.from_dict(s) for s in doc["specs"][1:]]
     waiting = {log_name(s.flow, s.run_id, s.step, s.task_id, s.attempt, "stderr") for s in others}
     deadline = time.monotonic() + float(env.get("STOKER_MAIN_NODE_WAIT", "300"))
     while waiting and time.monotonic() < deadline:

@@ -27,7 +27,17 @@ from collections.abc import Callable
 from stoker._process import _PARENT_ONLY_FDS, Reaper, kill_grace
 from stoker.backends.local import forkserver
 from stoker.backends.local.process import Member, fork_child, fork_member, server_members, spawn_member
-from stoker.runtime.contract import EXITED, RUNNING, Backend, Capabilities, JobRef, JobStatus, Request, Sink, Unit
+from stoker.runtime.contract import (
+    EXITED,
+    RUNNING,
+    Capabilities,
+    InProcessBackend,
+    JobRef,
+    JobStatus,
+    Request,
+    Sink,
+    Unit,
+)
 from stoker.runtime.member import handover
 from stoker.runtime.member.node import member_spec
 from stoker.runtime.spec import TaskSpec
@@ -45,7 +55,7 @@ class _Job:
         self.kill_at: float | None = None
 
 
-class LocalBackend(Backend):
+class LocalBackend(InProcessBackend):
     name = "local"
     remote = False
     persist_refs = False  # members die with the scheduler
@@ -117,7 +127,7 @@ class LocalBackend(Backend):
     def submit(self, request: Request) -> JobRef:
         unit = request.unit
         port = free_port() if unit.kind == "gang" else None  # fresh per attempt: stragglers may hold the last
-        doc = {"kind": unit.kind, "specs": [s.__dict__ for s in unit.specs]}
+        doc = {"kind": unit.kind, "specs": list(unit.specs)}  # the specs themselves: no JSON on this machine
         if self.results is None and self.mode != "subprocess" and self.entry is not None:
             self._open_results()
         if self.reaper is None:

@@ -116,6 +116,7 @@ class SlurmBackend(Backend):
     remote = True
     arrays = True
     persist_refs = True
+    excludes_hosts = True  # a retry can avoid the hosts that failed (sbatch --exclude)
 
     def __init__(self, options: SlurmOptions | None = None, client: SlurmClient | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -237,6 +238,8 @@ class SlurmBackend(Backend):
                 continue
             out[ref.job_id] = st
             self._tails.setdefault(ref.job_id, _Tail(ref)).status = st  # re-attached refs are tailed too
+            if st.hosts and ref.kind != "array":  # where each node runs: a gang's node i is its i-th host
+                ref.extra["hosts"] = list(st.hosts)
             if st.state == EXITED:
                 self._force_at.pop(ref.job_id, None)
         return out

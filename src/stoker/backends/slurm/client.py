@@ -30,21 +30,36 @@ TRANSIENT = ("Resource temporarily unavailable", "Unable to contact slurm contro
              "Socket timed out on send/recv")
 TRANSIENT_WAITS = (1.0, 3.0, 0.0)  # three tries in all
 
+# (what sbatch or another command says, the fix, whether the request itself is refused: then submitting it again
+# fails the same way, so the run's last line says "fix it and run again", not `resume`)
 _FIXES = (
     (("DNS SRV lookup failed", "Could not establish a configuration source", "Unable to contact slurm controller",
       "Unable to contact slurmctld", "Connection refused", "Zero Bytes were transmitted"),
      "slurmctld is unreachable or SLURM_CONF is not set: set SLURM_CONF to the cluster's slurm.conf (now: {conf}) "
-     "and check `scontrol ping`"),
-    (("Invalid partition name",), "the partition does not exist: pick one that `sinfo -s` lists"),
-    (("Invalid account", "Invalid qos"), "the account or QOS is not yours: see `sacctmgr show assoc user=$USER`"),
+     "and check `scontrol ping`", False),
+    (("Invalid partition name",), "the partition does not exist: pick one that `sinfo -s` lists", True),
+    (("Invalid account", "Invalid qos"), "the account or QOS is not yours: see `sacctmgr show assoc user=$USER` "
+     "and set @slurm(account=...) / @slurm(qos=...) to one it lists", True),
+    (("Invalid feature specification",), "no node of the cluster has the feature(s) of @slurm(constraint=...): "
+     "see the features each node has with `sinfo -o '%N %f'`, then fix or drop constraint=", True),
+    (("Invalid node name specified",), "a node named in the request (e.g. --exclude / --nodelist in "
+     "@slurm(extra=[...])) does not exist: see `sinfo -N`", True),
     (("Requested node configuration is not available", "More processors requested than permitted",
       "Memory required by task is not available", "Invalid generic resource"),
-     "no node of the partition has what the step asks for: lower @slurm(...)/@resources or pick another partition"),
-    (("Requested time limit is invalid", "time limit"), "the time limit is over the partition's MaxTime: lower "
-     "@slurm(time=...) or @timeout"),
+     "no node of the partition has what the step asks for: lower @slurm(...)/@resources or pick another partition",
+     True),
+    (("Requested time limit is invalid", "time limit", "Invalid --time specification"), "the time limit is not a "
+     "Slurm time or is over the partition's MaxTime: fix @slurm(time=...) or @timeout", True),
     (("No such file or directory",), "a command or folder is missing on this host: install the Slurm client "
-     "(e.g. apt-get install slurm-client) and check the log folder"),
+     "(e.g. apt-get install slurm-client) and check the log folder", False),
 )
+
+
+class SubmissionRefused(BackendError):
+    """sbatch refused the request itself (an unknown partition, account, QOS or feature, more than any node has):
+    submitting it again fails the same way, so neither a retry nor `resume` is offered."""
+
+    permanent = True
 
 
 @dataclass
@@ -203,8 +218,13 @@ class SlurmClient:
     @staticmethod
     def explain(args: list[str], stderr: str, env: Mapping[str, str] | None = None) -> str:
         conf = (env or os.environ).get("SLURM_CONF", "not set")
-        fix = next((f for needles, f in _FIXES if any(n in stderr for n in needles)), "see the message above")
+        fix = next((f for needles, f, _ in _FIXES if any(n in stderr for n in needles)), "see the message above")
         return f"`{' '.join(args)}` failed: {stderr.strip()[-800:]}\nfix: {fix.format(conf=conf)}"
+
+    @staticmethod
+    def refused(stderr: str) -> bool:
+        """Whether a failed sbatch refused the request itself (see _FIXES), not a passing trouble."""
+        return any(refused and any(n in stderr for n in needles) for needles, _, refused in _FIXES)
 
     # -- submit ---------------------------------------------------------------------------------------
     def sbatch(self, script: str, env: Mapping[str, str] | None = None, args: Iterable[str] = ()) -> str:
@@ -215,7 +235,9 @@ class SlurmClient:
                 break
             time.sleep(wait)
         if p.returncode != 0:
-            raise BackendError(self.explain(["sbatch", "--parsable", *args], p.stderr or p.stdout or "", env))
+            said = p.stderr or p.stdout or ""
+            error = SubmissionRefused if self.refused(said) else BackendError
+            raise error(self.explain(["sbatch", "--parsable", *args], said, env))
         job = p.stdout.strip().splitlines()[-1].split(";")[0] if p.stdout.strip() else ""
         if not job.isdigit():
             raise BackendError(f"sbatch printed no job id: {p.stdout!r} {p.stderr!r}")

@@ -54,6 +54,7 @@ class SlurmDecorator(StepDecorator):
     """
 
     name = "slurm"
+    engine = "slurm"
     defaults: dict[str, Any] = {"partition": None, "nodes": None, "gpus_per_node": None, "cpus_per_task": None,
                                 "mem": None, "time": None, "account": None, "qos": None, "constraint": None,
                                 "exclusive": False, "extra": None}

@@ -1,7 +1,8 @@
 """What every node of a Slurm job runs: `python -m stoker.backends.slurm.node --store URL --code KEY --spec KEY`
 (the sbatch script's srun line): the member side's node agent (runtime/member/node.py), told how to read
 Slurm's variables: `SLURM_ARRAY_TASK_ID` (an array element) or `SLURM_NODEID` (a gang node, one task per node),
-`SLURM_JOB_NUM_NODES`, the first host of `SLURM_JOB_NODELIST`, a port derived from `SLURM_JOB_ID`.
+`SLURM_JOB_NUM_NODES`, the first host of `SLURM_JOB_NODELIST`, a port derived from `SLURM_JOB_ID`, and the node's
+name in Slurm (`SLURMD_NODENAME`: what a lost node's heartbeat names).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def slurm_identity(env: Mapping[str, str]) -> NodeIdentity | None:
     member = int(env.get("SLURM_ARRAY_TASK_ID") or env.get("SLURM_NODEID") or 0)
     hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or [socket.gethostname()]
     return NodeIdentity(member, int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1), hosts[0],
-                        port_for_job(env["SLURM_JOB_ID"]))
+                        port_for_job(env["SLURM_JOB_ID"]), env.get("SLURMD_NODENAME", ""))
 
 
 SLURM = NodeEngine("slurm", slurm_identity)

@@ -133,6 +133,8 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
         head.append(f"--signal=TERM@{SIGNAL_LEAD_S}")
     if o.get("exclusive"):
         head.append("--exclusive")
+    if unit.exclude_hosts:  # hosts that failed this run twice (stoker.runtime.driver.attribution)
+        head.append(f"--exclude={','.join(unit.exclude_hosts)}")
     head += [f"--chdir={folder}",
              f"--output={folder}/batch-{job}{'-%a' if array else ''}.out",
              f"--error={folder}/batch-{job}{'-%a' if array else ''}.err",

@@ -18,7 +18,7 @@ CANCELLED = "cancelled (scancel)"
 REASONS = {
     "CANCELLED": CANCELLED,
     "TIMEOUT": "hit the Slurm time limit (raise @slurm(time=...))",
-    "NODE_FAIL": "a node failed",
+    "NODE_FAIL": "a node failed (NODE_FAIL: a node of the job stopped answering slurmctld)",
     "OUT_OF_MEMORY": "ran out of memory (raise @slurm(mem=...))",
     "PREEMPTED": "preempted",
     "BOOT_FAIL": "a node failed to boot",
@@ -32,6 +32,7 @@ _QUIET_REASONS = {"", "None", "NonZeroExitCode", "(null)", "Priority", "Resource
 BLOCKED_REASONS = {
     "BadConstraints": "no node has the requested features/constraint",
     "PartitionNodeLimit": "more nodes than the partition allows a job",
+    "PartitionConfig": "more nodes, CPUs or memory than the partition has or allows a job",
     "PartitionTimeLimit": "a longer time limit than the partition allows",
     "InvalidAccount": "the account does not exist or you may not use it (@slurm(account=...))",
     "InvalidQOS": "the QOS does not exist or you may not use it (@slurm(qos=...))",

@@ -8,6 +8,9 @@ often the job's, not the task's), in its manifest's ``exception`` (``preempted``
   ``$STOKER_MAX_PREEMPTIONS`` times per task (default 10); the retry resumes from the checkpoint.
 - A permanent error (a :class:`~stoker.errors.ConfigError` raised in the step or in ``stoker.train``, or exit code
   78) is never retried, not even under ``@retry``: the run fails at once with the error's one line.
+
+Every failed attempt's cause (these two among nine others) is found by runtime/driver/causes.py; what it means for
+the retries is decided in runtime/driver/attribution.py.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from stoker._process import kill_grace  # noqa: F401  (its home: process lifetim
 from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED
 
 PREEMPTED, PERMANENT = "preempted", "permanent"
-# the run's final hint says "fix it and run again" (not `resume`) when every failure carries this
-FIX_AND_RERUN = "a deterministic error: running it again fails the same way"
+# the run's final hint says "fix it and run again" (not `resume`) when every failure carries this (a deterministic
+# cause's "not retried" line: runtime/driver/attribution.py)
+FIX_AND_RERUN = "running it again fails the same way"
 
 
 def max_preemptions(env: dict[str, str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shlex
 import signal
 import socket
 import stat
@@ -14,28 +15,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stoker.distributed.accel import nproc_problem, step_request
-from stoker.errors import ConfigError, StokerError
-from stoker.flow.decorators import apply_with, get_decorator
+from stoker.errors import ConfigError, StokerError, StoreError
+from stoker.features.hooks import plan_problems
+from stoker.flow.decorators import apply_with
+from stoker.flow.frames import frames_from_json
 from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
-from stoker.flow.parameters import _MISSING, Config, ParameterContext
+from stoker.flow.parameters import _MISSING, Config, Parameter, ParameterContext, gang_size
 from stoker.redact import REDACTED, redact_with_spec
-from stoker.runtime.contract import Backend, JobRef, Unit
+from stoker.runtime.contract import Backend, InProcessBackend, Unit
+from stoker.runtime.driver.context import Router, RunContext, RunRequest
 from stoker.runtime.driver.failures import FIX_AND_RERUN
 from stoker.runtime.driver.jobs import build_unit
 from stoker.runtime.driver.output import Display
 from stoker.runtime.driver.queue import frames_key
-from stoker.runtime.driver.scheduler import Router, RunResult, Scheduler
+from stoker.runtime.driver.scheduler import RunResult, Scheduler
 from stoker.runtime.member.flowhooks import bind_default_configs, bind_run
 from stoker.runtime.package import stage_package
-from stoker.runtime.spec import TaskSpec
+from stoker.runtime.spec import GangSlot, TaskSpec
 from stoker.store.artifacts import save_artifact, secret_descriptor
 from stoker.store.blobs import BlobStore, open_store
 from stoker.store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
 from stoker.store.metadata import MetadataDB
 from stoker.store.paths import current_user, default_db_path, default_store_url, home_dir
 from stoker.store.signing import finite_json, store_key
+from stoker.store.tags import check_user_tags
 
 
 def new_run_id() -> str:
@@ -79,35 +83,21 @@ def prepare_flow(flow_cls: type, with_specs: list[str]) -> FlowGraph:
     return graph
 
 
-def _gang_size(n: Any, flow_cls: type, values: dict[str, Any] | None) -> Any:
-    """num_parallel as written: a literal, or `self.PARAM` (the run's value, else the Parameter's default)."""
-    if isinstance(n, str) and n.startswith("self.") and n[5:].isidentifier():
-        attr = n[5:]
-        if values and attr in values:
-            v = values[attr]  # from the command line: the text, not yet converted by the Parameter
-            return int(v) if isinstance(v, str) and v.strip().isdigit() else v
-        p = flow_cls._run_inputs().get(attr)
-        default = getattr(p, "default", None)
-        return default if isinstance(default, int) else None
-    return n
-
-
 def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
                values: dict[str, Any] | None = None) -> list[tuple[Backend, Unit]]:
     """One representative unit per step (a gang at its num_parallel size when that is a literal or a
-    parameter), with placeholder task ids: what `--dry-run` prints and what each backend checks before
-    anything is submitted."""
+    parameter: `values` are the run's, by attribute, as the Parameters converted them), with placeholder task
+    ids: what `--dry-run` prints and what each backend checks before anything is submitted."""
     out = []
+    params = flow_cls._run_inputs()
     for node in graph:
         backend = router(node.name)
         parent = graph[node.in_funcs[0]] if node.in_funcs else None
-        n = _gang_size(parent.num_parallel, flow_cls, values) if parent is not None and parent.kind == "parallel" \
-            else None
-        size = n if isinstance(n, int) and n > 0 else 1
-        kind = "gang" if parent is not None and parent.kind == "parallel" else "task"
+        gang = parent is not None and parent.kind == "parallel"
+        slots = GangSlot.gang(gang_size(parent.num_parallel, params, values) or 1, "T0") if gang else [None]
         specs = [TaskSpec(flow=graph.name, run_id="RUN", step=node.name, task_id=f"T{i}", store_url=store_url,
-                          parallel={"main_ip": None, "num_nodes": size, "node_index": i, "port": None,
-                                    "control_task_id": "T0"} if kind == "gang" else None) for i in range(size)]
+                          parallel=slot) for i, slot in enumerate(slots)]
+        kind = "gang" if gang else "task"
         unit = build_unit(flow_cls, backend, kind, specs, store_url)
         if backend.remote:
             unit.code_key, unit.spec_key, unit.flow_path = "CODE_PACKAGE_KEY", "SPEC_KEY", Path(graph.file).name
@@ -118,12 +108,8 @@ def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
 def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, Unit]]) -> None:
     """Fail before anything starts when a step asks for what its backend cannot give."""
     for backend, unit in planned:
-        tr = get_decorator(getattr(flow_cls, unit.step), "torchrun")
-        if tr is not None and tr.attributes.get("nproc_per_node"):
-            n = int(tr.attributes["nproc_per_node"])
-            if problem := nproc_problem(n, step_request(unit.resources, unit.options)):
-                raise ConfigError(f"{graph[unit.step].where()}: @torchrun(nproc_per_node={n}) on step "
-                                  f"{unit.step}: {problem}")
+        for problem in plan_problems(getattr(flow_cls, unit.step), unit.resources, unit.options):
+            raise ConfigError(f"{graph[unit.step].where()}: step {unit.step}: {problem}")
         if backend.remote:
             backend.check(unit)
             continue
@@ -140,82 +126,46 @@ def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, U
 
 
 def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
-            values: dict[str, Any] | None = None) -> str:
+            values: dict[str, Any] | None = None, config_paths: dict[str, str] | None = None,
+            overrides: dict[str, Any] | None = None) -> str:
     """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O. `values`: the
-    parameters given on the command line (a gang sized by a parameter is shown at that size)."""
+    parameters given on the command line, by name, as typed (a gang sized by a parameter is shown at that size).
+    With `config_paths` / `overrides` (a `run`), every input is resolved and checked as the run would, configs
+    bound into the decorators; without (a `resume`), only the given parameters are converted."""
     graph = prepare_flow(flow_cls, list(with_specs or []))
-    bind_default_configs(flow_cls, Path(inspect.getsourcefile(flow_cls) or ".").parent)
+    base_dir = Path(inspect.getsourcefile(flow_cls) or ".").parent
     store_url = default_store_url()
+    given = values or {}
+    if config_paths is not None or overrides is not None:
+        converted = resolve_run_inputs(flow_cls, given, config_paths or {}, overrides or {}, base_dir)
+        bind_run(flow_cls, converted, current_user(), None, graph.name)
+    else:
+        bind_default_configs(flow_cls, base_dir)
+        converted = {attr: p.convert(given[p.name]) for attr, p in flow_cls._run_inputs().items()
+                     if isinstance(p, Parameter) and p.name in given}  # as a run converts them
     parts = []
-    for backend, unit in plan_units(graph, flow_cls, router, store_url, values):
+    for backend, unit in plan_units(graph, flow_cls, router, store_url, converted):
         parts.append(f"# ---- step {unit.step}: {backend.name} ({unit.kind}, {unit.size} member(s)) ----\n"
                      + backend.materialize(unit).text)
     return "\n".join(parts)
 
 
-def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None = None,
-              config_paths: dict[str, str] | None = None, overrides: dict[str, Any] | None = None,
-              with_specs: list[str] | None = None, tags: list[str] | None = None, max_workers: int = 16,
-              store: BlobStore | None = None, db: MetadataDB | None = None, run_id: str | None = None,
-              origin_run_id: str | None = None, rerun_steps: set[str] | None = None, quiet: bool = False,
-              run_id_file: str | None = None, on_submit: Callable[[JobRef, str, str], None] | None = None,
-              project_options: dict[str, Any] | None = None) -> RunResult:
-    """Run (or resume) a flow. `project_options`: @project's `branch` / `production` from the command line."""
-    # long on purpose, until a run context replaces its parameters (issue 24): the run's set-up in the one order
-    # its parts depend on each other (inputs, decorators, package, key, record, scheduler)
-    with_specs = list(with_specs or [])
-    graph = prepare_flow(flow_cls, with_specs)
-    store = store or open_store()
-    db = db or MetadataDB(default_db_path())
-    user = current_user()
-    flow_file = inspect.getsourcefile(flow_cls) or ""
-    origin: dict[tuple, dict] = {}
-    if origin_run_id:
-        origin, stored = load_origin(store, db, graph.name, origin_run_id)
-        values = stored
-    else:
-        values = resolve_run_inputs(flow_cls, params or {}, config_paths or {}, overrides or {},
-                                    Path(flow_file).parent)
-    # config values into decorators (`@retry(times=cfg.n)`), then @project's system tags
-    project = bind_run(flow_cls, values, user, project_options, graph.name)
-    system_tags = project.tags if project else []
-    planned = plan_units(graph, flow_cls, router, store.url, values)
-    check_units(graph, flow_cls, planned)
-    # the code package, built before anything runs (a package that cannot be built fails now, not mid-run)
-    package = stage_package(store, flow_file) if any(b.remote for b, _ in planned) else None
-    run_id = run_id or new_run_id()
-    store_key(store.url, create=True)  # the store's signing key (kept outside the store), made on first use
-    declared = flow_cls._run_inputs()
-    run_inputs = save_run_inputs(store, declared, values)
-    early = _bind_backends(flow_cls, graph, router, store)  # a fork server preloads while the run is registered
+def start_run(flow_cls: type, router: Router, request: RunRequest | None = None, **options: Any) -> RunResult:
+    """Run (or resume) a flow: a `RunRequest`, or its fields as keywords."""
+    req = request or RunRequest(**options)
+    ctx, record, project = _set_up(flow_cls, router, req)
+    early = _bind_backends(flow_cls, ctx.graph, router, ctx.store)  # a fork server preloads while the run registers
     try:
-        shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
-                 for k, v in values.items() if not isinstance(declared[k], Config)}
-        configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
-        db.create_run(graph.name, run_id, user=user, tags=tags or [], params=shown, config=configs or None,
-                      origin_run_id=origin_run_id, system_tags=system_tags)
-        record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
-                  "run_inputs": run_inputs, "origin_run_id": origin_run_id, "tags": tags or [],
-                  "system_tags": system_tags,
-                  "with": [redact_with_spec(w) for w in with_specs],
-                  "flow_file": flow_file, "created_at": time.time(), "status": "running",
-                  "pid": os.getpid(), "host": socket.gethostname(),
-                  "graph": {n.name: list(n.out_funcs) for n in graph}}  # the DAG, for readers without the flow file
-        write_run_record(store, record)
-        if run_id_file:
-            Path(run_id_file).write_text(run_id)
-        display = Display(f"{graph.name}/{run_id}", quiet=quiet)
-        display.info(f"stoker: run {graph.name}/{run_id} started (user:{user}, store {store.url})"
-                     + (f", resuming {origin_run_id}" if origin_run_id else ""), style="bold")
+        _register(ctx, record)
+        if req.run_id_file:
+            Path(req.run_id_file).write_text(ctx.run_id)
+        display = Display(f"{ctx.flow}/{ctx.run_id}", quiet=req.quiet)
+        display.info(f"stoker: run {ctx.flow}/{ctx.run_id} started (user:{ctx.user}, store {ctx.store.url})"
+                     + (f", resuming {ctx.origin_run_id}" if ctx.origin_run_id else ""), style="bold")
         if project:  # as Metaflow prints it
             display.info(f"Project: {project.project_name}, Branch: {project.branch_name}")
-        # a task's spec: the system tags first, so that a user tag `project:x` is not taken for @project's
-        sched = Scheduler(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
-                          run_inputs=run_inputs, user=user, tags=[*system_tags, *(tags or [])], max_workers=max_workers,
-                          origin=origin,
-                          origin_run_id=origin_run_id, rerun_steps=rerun_steps, flow_file=flow_file,
-                          with_specs=with_specs, display=display, log_root=home_dir() / "logs", on_submit=on_submit,
-                          package=package)
+        sched = Scheduler(ctx, max_workers=req.max_workers, display=display, log_root=home_dir() / "logs",
+                          on_submit=req.on_submit)
     except BaseException:
         for b in early:
             b.close()  # it forked no member yet: its fork server stops
@@ -227,7 +177,7 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
         result = sched.run()
     except BaseException:
         sched._stop_all("the scheduler failed")  # never leave tasks running behind a crashed scheduler
-        _finish_record(store, db, record, "failed")
+        _finish_record(ctx.store, ctx.db, record, "failed")
         raise
     finally:
         if old_hup is not None:
@@ -235,18 +185,92 @@ def start_run(flow_cls: type, router: Router, *, params: dict[str, Any] | None =
         for b in early:
             if b not in sched.backends.values():  # never used (stopped before its first pass): the scheduler did
                 b.close()  # not close it
-    _finish_record(store, db, record, result.status)
-    elapsed = time.time() - started
-    if result.status == "succeeded":
-        display.info(f"stoker: run {graph.name}/{run_id} succeeded in {elapsed:.1f} s", style="bold green")
-    else:
-        for f in result.failures:
-            display.info(f, style="red")
-        fix = result.failures and all(FIX_AND_RERUN in f for f in result.failures)  # resume would fail alike
-        display.info(f"stoker: run {graph.name}/{run_id} {result.status} after {elapsed:.1f} s; " + (
-                     "fix the error above and run again" if fix else
-                     f"continue it with `python {_as_invoked(flow_file)} resume {run_id}`"), style="bold red")
+    _finish_record(ctx.store, ctx.db, record, result.status)
+    _say_how_it_ended(display, ctx, result, time.time() - started, req.resume_options)
     return result
+
+
+def _set_up(flow_cls: type, router: Router, req: RunRequest) -> tuple[RunContext, dict, Any]:
+    """The run's set-up, in the one order its parts depend on each other: inputs, decorators bound to them, the
+    plan checked, the code package, the store's key, the inputs saved; the run's record (not yet written)."""
+    graph = prepare_flow(flow_cls, req.with_specs)
+    store = req.store or open_store()
+    db = req.db or MetadataDB(default_db_path())
+    user = current_user()
+    flow_file = inspect.getsourcefile(flow_cls) or ""
+    origin: dict[tuple, dict] = {}
+    if req.origin_run_id:
+        origin, values = load_origin(store, db, graph.name, req.origin_run_id)
+    else:
+        values = resolve_run_inputs(flow_cls, req.params, req.config_paths, req.overrides, Path(flow_file).parent)
+    # config values into decorators (`@retry(times=cfg.n)`), then @project's system tags
+    project = bind_run(flow_cls, values, user, req.project_options, graph.name)
+    system_tags = project.tags if project else []
+    check_user_tags(req.tags, user=user, system=system_tags)  # `user:x`, `project:x` are stoker's to set
+    if req.max_workers < 1:
+        raise ConfigError(f"max_workers={req.max_workers}: at least 1 task must be able to run at once")
+    planned = plan_units(graph, flow_cls, router, store.url, values)
+    check_units(graph, flow_cls, planned)
+    # the code package, built before anything runs (a package that cannot be built fails now, not mid-run)
+    package = stage_package(store, flow_file) if any(b.remote for b, _ in planned) else None
+    run_id = req.run_id or new_run_id()
+    store_key(store.url, create=True)  # the store's signing key (kept outside the store), made on first use
+    declared = flow_cls._run_inputs()
+    run_inputs = save_run_inputs(store, declared, values)
+    ctx = RunContext(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
+                     run_inputs=run_inputs, user=user, tags=[*system_tags, *req.tags], origin=origin,
+                     origin_run_id=req.origin_run_id, rerun_steps=set(req.rerun_steps), flow_file=flow_file,
+                     with_specs=list(req.with_specs), package=package)
+    shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
+             for k, v in values.items() if not isinstance(declared[k], Config)}
+    configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
+    record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
+              "run_inputs": run_inputs, "origin_run_id": req.origin_run_id, "tags": list(req.tags),
+              "system_tags": system_tags, "with": [redact_with_spec(w) for w in req.with_specs],
+              "resume_options": _shown_options(req.resume_options),
+              "flow_file": flow_file, "created_at": time.time(), "status": "running",
+              "pid": os.getpid(), "host": socket.gethostname(),
+              "graph": {n.name: list(n.out_funcs) for n in graph}}  # the DAG, for readers without the flow file
+    return ctx, record, project
+
+
+def _register(ctx: RunContext, record: dict) -> None:
+    """The run's record into the store (the truth), then into the index: a store that cannot take it (a full disk)
+    leaves no `running` row behind."""
+    try:
+        write_run_record(ctx.store, record)
+    except OSError as e:
+        raise StoreError(f"cannot write the record of run {ctx.flow}/{ctx.run_id} to the store {ctx.store.url}: "
+                         f"{e.strerror or e}; nothing ran: free space (or fix the store's permissions) and run again"
+                         ) from e
+    ctx.db.create_run(ctx.flow, ctx.run_id, user=ctx.user, tags=record["tags"], params=record["params"],
+                      config=record["config"] or None, origin_run_id=ctx.origin_run_id,
+                      system_tags=record["system_tags"])
+
+
+def _say_how_it_ended(display: Display, ctx: RunContext, result: RunResult, elapsed: float,
+                      resume_options: list[str]) -> None:
+    if result.status == "succeeded":
+        display.info(f"stoker: run {ctx.flow}/{ctx.run_id} succeeded in {elapsed:.1f} s", style="bold green")
+        return
+    for f in result.failures:
+        display.info(f, style="red")
+    fix = result.failures and all(FIX_AND_RERUN in f for f in result.failures)  # resume would fail alike
+    display.info(f"stoker: run {ctx.flow}/{ctx.run_id} {result.status} after {elapsed:.1f} s; " + (
+                 "fix the error above and run again" if fix else
+                 f"continue it with `{resume_command(ctx.flow_file, ctx.run_id, _shown_options(resume_options))}`"),
+                 style="bold red")
+
+
+def _shown_options(options: list[str]) -> list[str]:
+    """`--with=environment:vars=...` keeps only the variables' names where it is stored or printed."""
+    return [f"--with={redact_with_spec(o[7:])}" if o.startswith("--with=") else o for o in options]
+
+
+def resume_command(flow_file: str, run_id: str, options: list[str]) -> str:
+    """The command that continues the run where it ended, with the options it ran with (a run on Slurm resumed
+    without `--backend slurm` would train the gang on this machine)."""
+    return shlex.join(["python", _as_invoked(flow_file), "resume", *options, run_id])
 
 
 def _bind_backends(flow_cls: type, graph: FlowGraph, router: Router, store: BlobStore) -> list[Backend]:
@@ -257,12 +281,12 @@ def _bind_backends(flow_cls: type, graph: FlowGraph, router: Router, store: Blob
 
     used = {router(n.name).name: router(n.name) for n in graph}
     for b in used.values():
-        b.bind(lambda spec: run_task(flow_cls, spec, store, graph), preload)  # for a backend that forks members
+        if isinstance(b, InProcessBackend):  # it forks members: they run this entrypoint
+            b.bind(lambda spec: run_task(flow_cls, spec, store, graph), preload)
     first = router("start")
-    start_early = getattr(first, "start_early", None)
-    if start_early is None:
+    if not isinstance(first, InProcessBackend):
         return []
-    start_early()
+    first.start_early()
     return [first]
 
 
@@ -300,10 +324,11 @@ def _as_invoked(flow_file: str) -> str:
 
 
 def _finish_record(store: BlobStore, db: MetadataDB, record: dict, status: str) -> None:
-    """The final status goes to the store (the truth) and to the index."""
-    now = time.time()
-    write_run_record(store, {**record, "status": status, "finished_at": now})
-    db.set_run_status(record["flow"], record["run_id"], status, finished_at=now)
+    """The final status goes to the store (the truth) and to the index, each tried whatever became of the other; a
+    failure is one StoreError saying how the run ended and how to go on (runtime/driver/finish.py)."""
+    from stoker.runtime.driver.finish import record_end
+
+    record_end(store, db, record, status)
 
 
 def _is_secret(p: Any) -> bool:
@@ -350,7 +375,7 @@ def load_origin(store: BlobStore, db: MetadataDB, flow: str, run_id: str) -> tup
         m = read_manifest_object(store, mname)  # signature verified: its artifacts are reused as they are
         if m.get("status") != "ok":
             continue
-        key = (m["step"], frames_key(m.get("foreach_stack") or []), tuple(m.get("iteration") or ()))
+        key = (m["step"], frames_key(frames_from_json(m.get("foreach_stack"))), tuple(m.get("iteration") or ()))
         if key not in origin or m["attempt"] > origin[key]["attempt"]:
             origin[key] = m
     return origin, values

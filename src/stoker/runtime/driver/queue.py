@@ -16,14 +16,17 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from stoker.flow.frames import ForeachFrame
 from stoker.runtime.contract import Backend, JobRef
 from stoker.runtime.driver.output import TaskOutput
+from stoker.runtime.spec import GangSlot
 
 STATES = ("pending", "running", "ok", "failed", "killed")
 
 
-def frames_key(frames: list[dict]) -> tuple:
-    return tuple((f["step"], f["index"]) for f in frames)
+def frames_key(frames: list[ForeachFrame]) -> tuple:
+    """A task's place in its splits, as a resume matches it with the origin run's (`Task.key`)."""
+    return tuple((f.step, f.index) for f in frames)
 
 
 class _State:
@@ -46,9 +49,9 @@ class Task:
     step: str
     task_id: str
     inputs: list[dict]
-    foreach: list[dict]
+    foreach: list[ForeachFrame]
     max_attempts: int
-    parallel: dict | None = None
+    parallel: GangSlot | None = None
     gang: str | None = None
     attempt: int = 0
     state: str = _State()  # type: ignore[assignment]  # pending | running | ok | failed | killed
@@ -84,6 +87,7 @@ class TaskIndex:
     """All tasks of a run, by id, by gang and by state, and the queue of pending units."""
 
     def __init__(self) -> None:
+        self.last_id = 0  # tasks are numbered "1", "2", ... as they are created (`new_id`)
         self.all: list[Task] = []
         self.by_id: dict[str, Task] = {}
         self.by_gang: dict[str, list[Task]] = {}
@@ -93,6 +97,10 @@ class TaskIndex:
         self._waiting: list[tuple[float, int, str]] = []  # (not before, seq, unit key)
         self._ready: dict[tuple[str, int], list[tuple[int, str]]] = {}  # (step, size) -> [(seq, unit key)]
         self._queued: set[str] = set()  # unit keys in _waiting or _ready
+
+    def new_id(self) -> str:
+        self.last_id += 1
+        return str(self.last_id)
 
     def add(self, t: Task) -> None:
         t.__dict__["_index"] = self

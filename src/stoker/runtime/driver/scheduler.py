@@ -17,29 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stoker.distributed.smoke import cap_gang
 from stoker.errors import StokerError
 from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline
-from stoker.flow.graph import FlowGraph
-from stoker.runtime.contract import EXITED, Backend, JobRef, JobStatus, Unit
-from stoker.runtime.driver.failures import (
-    FIX_AND_RERUN,
-    PERMANENT,
-    PREEMPTED,
-    failure_kind,
-    kill_grace,
-    requeue_preempted,
-)
+from stoker.runtime.contract import EXITED, Backend, InProcessBackend, JobRef, JobStatus, Unit
+from stoker.runtime.driver.attribution import Attribution
+from stoker.runtime.driver.causes import CONFIG, NEVER_STARTS, PREEMPTION  # NEVER_STARTS: no attempt can help
+from stoker.runtime.driver.context import RunContext
+from stoker.runtime.driver.failures import FIX_AND_RERUN, kill_grace, requeue_preempted
 from stoker.runtime.driver.fallback import crash_note, died_how, fallback_note
 from stoker.runtime.driver.gangview import node_states
 from stoker.runtime.driver.jobs import build_unit, job_record_name, kill_request_name, node_need
+from stoker.runtime.driver.lostnodes import NodeWatch, gang_failed, watch_gang
 from stoker.runtime.driver.output import Display, TaskOutput, private_log_root, store_logs
 from stoker.runtime.driver.queue import Task, TaskIndex
 from stoker.runtime.driver.resources import ResourcePool  # this machine's capacity (not the decorator's module)
-from stoker.runtime.driver.transitions import add_gang, start_successors
+from stoker.runtime.driver.transitions import NewTask, Transitions, first_task
 from stoker.runtime.package import stage_package
 from stoker.runtime.spec import TaskSpec
-from stoker.store.blobs import BlobStore
 from stoker.store.manifest import (
+    Manifest,
     clone_manifest,
     handed_manifest,
     log_name,
@@ -47,18 +44,13 @@ from stoker.store.manifest import (
     manifest_outcome,
     write_manifest,
 )
-from stoker.store.metadata import MetadataDB
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = kill_grace()  # $STOKER_KILL_GRACE, default 30 s: time for a checkpoint (runtime/driver/failures.py)
 CANCEL_WAIT_S = 30.0  # after a stop, how long to wait for a remote engine to confirm that its jobs ended
 LOST_AFTER_S = 120.0  # a job the engine has not heard of for this long is lost
-NEVER_STARTS = "the engine can never start it"  # no further attempt can help
 MAX_ARRAY = 1000  # elements per job array (Slurm's default MaxArraySize is 1001)
 FAST_POLL_S = 0.1  # right after a submission or a change, a remote engine is polled this soon, then less often
-
-
-Router = Callable[[str], Backend]  # step name -> the backend that runs it
 
 
 @dataclass
@@ -69,62 +61,52 @@ class RunResult:
 
 
 class Scheduler:
-    def __init__(self, *, flow_cls: type, graph: FlowGraph, run_id: str, store: BlobStore, db: MetadataDB,
-                 router: Router, run_inputs: dict[str, dict], user: str, tags: list[str],
-                 max_workers: int = 16, origin: dict[tuple, dict] | None = None, origin_run_id: str | None = None,
-                 rerun_steps: set[str] | None = None, flow_file: str = "", with_specs: list[str] | None = None,
-                 display: Display | None = None, log_root: Path | None = None,
-                 on_submit: Callable[[JobRef, str, str], None] | None = None,
-                 package: tuple[str, str] | None = None) -> None:
-        self.flow_cls, self.graph, self.run_id = flow_cls, graph, run_id
-        self.store, self.db, self.router = store, db, router
+    def __init__(self, ctx: RunContext, *, max_workers: int = 16, display: Display | None = None,
+                 log_root: Path | None = None, on_submit: Callable[[JobRef, str, str], None] | None = None) -> None:
+        self.ctx = ctx  # the run-wide values (runtime/driver/context.py); the names below are its, for brevity
+        self.flow_cls, self.graph, self.run_id, self.flow = ctx.flow_cls, ctx.graph, ctx.run_id, ctx.flow
+        self.store, self.db, self.router = ctx.store, ctx.db, ctx.router
+        self.user, self.origin, self.rerun_steps = ctx.user, ctx.origin, ctx.rerun_steps
         self.on_submit = on_submit
-        self.flow = graph.name
-        self.run_inputs, self.user, self.tags = run_inputs, user, tags
         self.max_workers = max(1, max_workers)
-        self.origin, self.origin_run_id = origin or {}, origin_run_id
-        self.rerun_steps = rerun_steps or set()
-        self.flow_file, self.with_specs = flow_file, with_specs or []
-        self.display = display or Display(f"{self.flow}/{run_id}")
+        self.display = display or Display(f"{self.flow}/{self.run_id}")
         self.log_root = log_root or private_log_root()  # never a predictable shared /tmp path
         self.index = TaskIndex()  # every task by id, gang and state, and the queue of pending units
         self.tasks: list[Task] = self.index.all
-        self.joins: dict[tuple, dict[int, Task]] = {}
+        self.transitions = Transitions(self.graph, self.index.new_id,  # what a finished task starts
+                                       lambda step, n: cap_gang(self.store, self.flow, self.run_id, step, n))
         self.pool: ResourcePool | None = None  # admission for backends on this machine
         self.backends: dict[str, Backend] = {}  # the ones used so far
         self.live: dict[tuple[str, str], tuple[JobRef, list[Task]]] = {}  # (backend, job id) -> (ref, tasks)
         self.last_poll: dict[str, float] = {}
         self.poll_gap: dict[str, float] = {}  # seconds to the next poll: short after a change, then backing off
         self.unseen: dict[tuple[str, str], float] = {}  # jobs the engine did not report, since when
-        self.package = package  # (blob key, flow path) of the code package, for remote backends
         self.stop_deadline: float | None = None
         self.failures: list[str] = []
         self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
+        self.watch = NodeWatch(self.store, self.flow, self.run_id)  # remote gangs' heartbeats
+        self.causes = Attribution(self.store, self.flow_cls, self.graph)  # why each attempt failed; what it means
         self.failed = False
         self.interrupted = False
         self._stopping: bool | str = False
         self.hard_stop = False
-        self._next_id = 0
         self._index_ops: list[tuple[str, Any]] = []  # index writes of this pass: one transaction (_flush_index)
 
     # -- building tasks ---------------------------------------------------------------------------
-    def _new_id(self) -> str:
-        self._next_id += 1
-        return str(self._next_id)
-
-    def _add(self, step: str, inputs: list[Task], foreach: list[dict], parallel: dict | None = None,
-             gang: str | None = None, task_id: str | None = None, iteration: tuple = ()) -> Task:
-        t = Task(step=step, task_id=task_id or self._new_id(), inputs=[i.ref() for i in inputs], foreach=foreach,
-                 max_attempts=attempts_allowed(getattr(self.flow_cls, step)), parallel=parallel, gang=gang,
-                 iteration=iteration)
+    def _add(self, new: NewTask) -> Task:
+        t = Task(step=new.step, task_id=new.task_id or self.index.new_id(), inputs=[i.ref() for i in new.inputs],
+                 foreach=new.foreach, max_attempts=attempts_allowed(getattr(self.flow_cls, new.step)),
+                 parallel=new.parallel, gang=new.gang, iteration=new.iteration)
         self.index.add(t)
         return t
 
     def _successors(self, t: Task) -> None:
-        start_successors(self, t)  # runtime/driver/transitions.py: splits, foreaches, gangs, switches, joins
+        for new in self.transitions.successors(t):  # runtime/driver/transitions.py: splits, foreaches, gangs,
+            self._add(new)  # switches, joins
 
     def _add_gang(self, step: str, parent: Task, n: int) -> None:
-        add_gang(self, step, parent, n)
+        for new in self.transitions.gang(step, parent, n):
+            self._add(new)
 
     # -- launching --------------------------------------------------------------------------------
     def _backend(self, step: str) -> Backend:
@@ -181,13 +163,14 @@ class Scheduler:
         except StokerError as e:  # refused or unreachable: nothing was submitted; no further attempt can help
             for t in tasks:
                 t.started, t.backend = time.time(), backend
-                m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
-                     "artifacts": {}, "exception": {"type": type(e).__name__, "message": str(e), "traceback": ""}}
-                write_manifest(self.store, m)
+                m = self._spec(t).manifest_head(t.started).failed(type(e).__name__, str(e),
+                                                                  finished_at=time.time()).to_dict()
+                write_manifest(self.store, self.causes.refused(m))  # (with its cause: config, or the engine's)
                 self._index_ops.append(("ingest", m))
                 t.manifest, t.state = m, "failed"
             self.failed = True
-            self.failures.append(f"step {tasks[0].step} could not be submitted to {backend.name}: {e}")
+            self.failures.append(f"step {tasks[0].step} could not be submitted to {backend.name}: {e}"
+                                 + (f"\n  not retried: {FIX_AND_RERUN}" if e.permanent else ""))  # nor resumed
             self._stop_all("another task failed")
             return
         if backend.persist_refs:
@@ -223,10 +206,11 @@ class Scheduler:
         kind = "gang" if tasks[0].gang else "array" if len(tasks) > 1 else "task"
         unit = build_unit(self.flow_cls, backend, kind, [self._spec(t) for t in tasks], self.store.url,
                           throttle=self.max_workers if kind == "array" else None)
+        self.causes.exclude(unit, backend)  # off the hosts that failed twice, where the engine can choose
         if backend.remote:
-            if self.package is None:
-                self.package = stage_package(self.store, self.flow_file)
-            unit.code_key, unit.flow_path = self.package
+            if self.ctx.package is None:
+                self.ctx.package = stage_package(self.store, self.ctx.flow_file)
+            unit.code_key, unit.flow_path = self.ctx.package
             unit.spec_key = self.store.put_bytes(unit.spec_document())
         return unit
 
@@ -241,8 +225,8 @@ class Scheduler:
         if not all(found):
             return False
         for t, m in zip(unit, found, strict=True):
-            clone = clone_manifest(m, run_id=self.run_id, task_id=t.task_id, user=self.user)
-            clone["input_paths"] = self._spec(t).input_paths()
+            clone = clone_manifest(m, run_id=self.run_id, task_id=t.task_id, user=self.user,
+                                   input_paths=self._spec(t).input_paths())
             write_manifest(self.store, clone)
             self._index_ops.append(("ingest", clone))
             t.manifest, t.state, t.cloned = clone, "ok", True
@@ -257,26 +241,23 @@ class Scheduler:
         return f"{self.run_id}/{t.step}/{t.task_id}" + (f"/attempt {t.attempt}" if t.attempt else "")
 
     def _spec(self, t: Task) -> TaskSpec:
-        return TaskSpec(flow=self.flow, run_id=self.run_id, step=t.step, task_id=t.task_id, attempt=t.attempt,
-                        max_attempts=t.max_attempts, inputs=t.inputs, foreach=t.foreach, parallel=t.parallel,
-                        iteration=list(t.iteration),
-                        run_inputs=self.run_inputs, user=self.user, tags=self.tags,
-                        origin_run_id=self.origin_run_id, store_url=self.store.url, flow_file=self.flow_file,
-                        flow_class=self.flow_cls.__name__, with_decorators=self.with_specs)
+        return self.ctx.task_spec(step=t.step, task_id=t.task_id, attempt=t.attempt, max_attempts=t.max_attempts,
+                                  inputs=t.inputs, foreach=t.foreach, parallel=t.parallel, iteration=list(t.iteration))
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
         old = signal.signal(signal.SIGINT, self._on_sigint)
         old_term = signal.signal(signal.SIGTERM, self._on_sigint)
         try:
-            self._add("start", [], [], iteration=(0,) if self.graph["start"].is_recursive else ())
+            self._add(first_task(self.graph))
             while True:
                 self._check_interrupt()
                 if not self.failed and not self.interrupted:
                     self._admit()
                 self._flush_index()  # one transaction: what the last pass ended, what this one starts (indexed
                 for b in self.backends.values():  # before it starts: a task finds itself); then the local fork
-                    b.dispatch()  # server forks this pass's members, in one request
+                    if isinstance(b, InProcessBackend):  # server forks this pass's members, in one request
+                        b.dispatch()
                 if not self.live:
                     if self.failed or self.interrupted or not self.index.count("pending"):
                         break
@@ -405,6 +386,8 @@ class Scheduler:
                 return
             status = JobStatus(EXITED, exit_code=-9, reason=f"the {b.name} engine lost job {ref.job_id}")
         self.unseen.pop(key, None)
+        if ref.kind == "gang" and b.remote:  # a node whose heartbeat stopped: its gang is stopped now
+            watch_gang(self, ref, tasks, status, now)  # (runtime/driver/lostnodes.py)
         mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a later attempt's
         ended = {i: self._ended_at(tasks[i]) for i in mine if status.member(i).state == EXITED}
         # a gang whose nodes all ended together: the node that reported its own failure first went first
@@ -496,14 +479,14 @@ class Scheduler:
                 self._settle(g)
             return
         if m and m.get("status") == "failed" and t.engine_reason and m.get("exception"):
-            exc = m["exception"]  # e.g. the task saw its workers die, and Slurm knows why: out of memory
-            m = dict(m, exception=dict(exc, message=f"{exc.get('message', '')} ({t.backend.name}: {t.engine_reason})"))
+            # e.g. the task saw its workers die, and Slurm knows why: out of memory
+            m = Manifest.from_dict(m).with_reason(f"{t.backend.name}: {t.engine_reason}").to_dict()
             write_manifest(self.store, m)
         m = m or self._failure_manifest(t, code, untrusted)
         if m.get("status") == "ok":
-            m = dict(m, status="failed", exception={"type": "ExitCode", "message": f"exit code {code}",
-                                                    "traceback": ""})
+            m = Manifest.from_dict(m).failed("ExitCode", f"exit code {code}").to_dict()
             write_manifest(self.store, m)
+        m = self.causes.record(t, m)  # its cause and evidence (runtime/driver/attribution.py)
         self._index_ops.append(("ingest", m))
         own = t.stop_reason and t.stop_reason.startswith(("it exceeded", NEVER_STARTS))  # its own fault
         t.manifest, t.state = m, ("killed" if t.stop_reason and not own else "failed")
@@ -515,7 +498,7 @@ class Scheduler:
     def _outcome(self, t: Task) -> tuple[dict | None, str | None]:
         """The attempt's manifest as its member handed it over (a local member: no read, no signature check),
         else as the store has it (see manifest_outcome)."""
-        data = t.backend.handed(t.job, t.member)
+        data = t.backend.handed(t.job, t.member) if isinstance(t.backend, InProcessBackend) else None
         m = (handed_manifest(data, self.store.url, self.flow, self.run_id, t.step, t.task_id, t.attempt)
              if data else None)
         if m is not None:
@@ -534,9 +517,8 @@ class Scheduler:
         why = t.stop_reason or t.engine_reason
         why = f" because {why}" if why else ""
         message = f"its manifest cannot be trusted: {untrusted}" if untrusted else f"task process {how}{why}"
-        m = {**self._spec(t).manifest_head(t.started), "status": "failed", "finished_at": time.time(),
-             "artifacts": {}, "exception": {"type": "UntrustedManifest" if untrusted else "TaskDied",
-                                            "message": message, "traceback": ""}}
+        m = self._spec(t).manifest_head(t.started).failed("UntrustedManifest" if untrusted else "TaskDied", message,
+                                                          finished_at=time.time()).to_dict()
         write_manifest(self.store, m)
         return m
 
@@ -544,55 +526,50 @@ class Scheduler:
         return self.index.by_gang[t.gang]
 
     def _gang_failed(self, t: Task) -> None:
-        gang = self._gang(t)
-        live = [g for g in gang if g.state == "running"]
-        if t.state == "failed" and t.gang not in self.gang_failures:
-            node = t.parallel["node_index"]
-            self.display.info(f"gang {t.step}: node {node} (task {t.task_id}) failed: {self._why(t)}; "
-                              f"stopping the other {len(live)} node(s)", style="bold red")
-            for g in live:
-                self._stop(g, "gang")
-            self.gang_failures[t.gang] = (t, time.time())
-        if live:
-            return
-        first, since = self.gang_failures.pop(t.gang, (t, None))
-        if since is not None:
-            self.display.info(f"gang {t.step} stopped {time.time() - since:.1f} s after node "
-                              f"{first.parallel['node_index']} failed")
-        self._again_or_fail(gang, first)
+        gang_failed(self, t)  # the others stopped, then the gang retried or failed as one (runtime/driver/lostnodes.py)
 
     def _why(self, t: Task) -> str:
         exc = (t.manifest or {}).get("exception") or {}
         return f"{exc.get('type', '?')}: {exc.get('message', '')}".strip()
 
     def _again_or_fail(self, unit: list[Task], first: Task | None = None) -> None:
-        """Another attempt of the unit (the step's own, a preemption's, or a fallback), or the run fails."""
+        """Another attempt of the unit (the step's own, a preemption's, an infrastructure failure's, or a fallback),
+        or the run fails. The attempt's cause decides (runtime/driver/attribution.py): a deterministic one is not
+        retried."""
         first = first or unit[0]
         if self.interrupted or first.stop_reason in ("another task failed", "the run was interrupted"):
             return
-        kind = failure_kind(first.manifest, first.exit_code)  # preempted: again, resuming; permanent: never
-        never = (first.stop_reason or "").startswith(NEVER_STARTS) or kind == PERMANENT
-        note = requeue_preempted(unit, first) if kind == PREEMPTED and not self.failed and not never else None
+        cause = self.causes.unit_cause(unit, first)
+        stop = None if self.failed else self.causes.verdict(unit, first, cause)  # "not retried: ..." or None
+        never = (first.stop_reason or "").startswith(NEVER_STARTS) or stop is not None
+        note = None
+        if not self.failed and not never:
+            note = requeue_preempted(unit, first) if cause.kind == PREEMPTION else \
+                self.causes.free_attempt(unit, first, cause)
         fallback = "" if self.failed or never else \
             fallback_note(self.flow_cls, self.graph[first.step].kind, unit, first)
         if (first.attempt + 1 < first.max_attempts or fallback) and not self.failed and not never:
             delay = 0 if note or fallback else attempt_delay_s(getattr(self.flow_cls, first.step))
+            why = f"{self._why(first)}; {cause.label}"
             self.display.info(f"[{self._prefix(first)}] {note}" if note else
-                              f"[{self._prefix(first)}] failed ({self._why(first)}); {fallback}" if fallback else
-                              f"[{self._prefix(first)}] failed ({self._why(first)}); "
+                              f"[{self._prefix(first)}] failed ({why}); {fallback}" if fallback else
+                              f"[{self._prefix(first)}] failed ({why}); "
                               f"{'the gang ' if first.gang else ''}retry {first.attempt + 1} of "
                               f"{first.max_attempts - 1}" + (f" in {delay:.0f} s" if delay else ""),
                               style="yellow")
+            excluded = self.causes.blame(unit, first, cause)  # a host that failed twice: avoided from now on
+            if excluded:
+                self.display.info(f"[{self._prefix(first)}] {excluded}", style="yellow")
             for g in unit:
                 g.attempt += 1
                 g.state, g.not_before, g.manifest, g.job = "pending", time.time() + delay, None, None
             return
         self.failed = True
         self.display.count("failed")
-        tail = "\n    ".join(list(first.output.tail)[-15:]) if first.output and kind != PERMANENT else ""
+        tail = "\n    ".join(list(first.output.tail)[-15:]) if first.output and cause.kind != CONFIG else ""
         msg = (f"step {first.step} (task {self.flow}/{self.run_id}/{first.step}/{first.task_id}"
-               + (f", gang node {first.parallel['node_index']}" if first.parallel else "")
+               + (f", gang node {first.parallel.node_index}" if first.parallel else "")
                + f") failed after {first.attempt + 1} attempt(s): {self._why(first)}"
-               + (f"\n  not retried: {FIX_AND_RERUN}; fix it and run again" if kind == PERMANENT else ""))
+               + f"\n  cause: {cause.line()}" + (f"\n  not retried: {stop}" if stop else ""))
         self.failures.append(msg + (f"\n  last lines of its log:\n    {tail}" if tail else ""))
         self._stop_all("another task failed")

@@ -1,6 +1,10 @@
 """What a finished task starts: its successors by the kind of its step (linear, static split, foreach, gang,
 switch), the joins it completes, and the passes of recursive switches.
 
+A transition returns the tasks to start (`NewTask`) and the scheduler adds them: nothing here edits the scheduler.
+What the transitions of a run keep between tasks (the branches that reached each join so far) is in `Transitions`,
+which the scheduler owns.
+
 A switch is not a split: the case the step chose (its manifest's `next`) runs, in the same foreach frames, and
 the cases converge on a step without `inputs`, as in Metaflow. A recursive switch (a step whose cases include
 itself, Metaflow's one kind of loop) runs one task per pass: entering it adds a pass counter to the task's
@@ -10,31 +14,37 @@ of the origin run in order.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from stoker.distributed.smoke import cap_gang
+from stoker.flow.frames import ForeachFrame
+from stoker.flow.graph import FlowGraph
 from stoker.runtime.driver.queue import Task, frames_key
+from stoker.runtime.spec import GangSlot
 
 
-class Scheduler(Protocol):
-    """What these functions use of runtime.scheduler.Scheduler (which imports this module, not the reverse)."""
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task to start: the scheduler makes it a pending `Task`, numbered then unless `task_id` is set (a gang's
+    nodes are numbered together, when the gang is formed)."""
 
-    graph: Any
-    store: Any
-    flow: str
-    run_id: str
-    joins: dict
-    _next_id: int
-
-    def _add(self, step: str, inputs: list[Task], foreach: list[dict], parallel: dict | None = None,
-             gang: str | None = None, task_id: str | None = None, iteration: tuple = ()) -> Task: ...
-
-    def _new_id(self) -> str: ...
+    step: str
+    inputs: list[Task]  # the tasks whose results it reads (a join's: one per branch, in branch order)
+    foreach: list[ForeachFrame]  # the splits it is inside, outermost first
+    iteration: tuple = ()  # the pass of each enclosing recursive switch
+    parallel: GangSlot | None = None  # a gang node's place in its gang
+    gang: str | None = None  # the gang's name (`{step}-{node 0's task id}`)
+    task_id: str | None = None
 
 
-def chosen_steps(sched: Scheduler, t: Task) -> list[str]:
+def first_task(graph: FlowGraph) -> NewTask:
+    """The run's first task: `start` (in its first pass, when it is a recursive switch)."""
+    return NewTask("start", [], [], iteration=(0,) if graph["start"].is_recursive else ())
+
+
+def chosen_steps(graph: FlowGraph, t: Task) -> list[str]:
     """The steps a finished task goes to: a switch's chosen case, else every step its source names."""
-    node = sched.graph[t.step]
+    node = graph[t.step]
     nxt = (t.manifest or {}).get("next") or {}
     if node.kind == "switch":
         steps = nxt.get("steps") or []
@@ -44,61 +54,72 @@ def chosen_steps(sched: Scheduler, t: Task) -> list[str]:
     return list(node.out_funcs)
 
 
-def next_iteration(sched: Scheduler, t: Task, target: str) -> tuple:
+def next_iteration(graph: FlowGraph, t: Task, target: str) -> tuple:
     """The pass counters of a task of `target` started by `t` (Metaflow's loop index)."""
     it = list(t.iteration)
-    node = sched.graph[t.step]
-    if node.is_recursive and it:
+    if graph[t.step].is_recursive and it:
         if target == t.step:
             it[-1] += 1
             return tuple(it)
         it.pop()  # leaving the loop
-    if sched.graph[target].is_recursive:
+    if graph[target].is_recursive:
         it.append(0)  # entering one
     return tuple(it)
 
 
-def start_successors(sched: Scheduler, t: Task) -> None:
-    """Add the tasks that `t` (ok, or cloned) starts, and the joins it completes."""
-    node = sched.graph[t.step]
-    nxt = (t.manifest or {}).get("next") or {}
-    if node.kind == "foreach":
-        n, var = nxt["num_splits"], nxt["foreach_var"]
-        desc = t.manifest["artifacts"][var]
-        target = node.out_funcs[0]
-        for i in range(n):
-            sched._add(target, [t], t.foreach + [{"step": t.step, "var": var, "index": i, "num_splits": n,
-                                                   "desc": desc}], iteration=next_iteration(sched, t, target))
-    elif node.kind == "parallel":
-        n = cap_gang(sched.store, sched.flow, sched.run_id, node.out_funcs[0], int(nxt["num_parallel"]))
-        add_gang(sched, node.out_funcs[0], t, n)
-    else:
-        for target in chosen_steps(sched, t):
-            if sched.graph[target].is_join:
-                arrive(sched, target, t)
+class Transitions:
+    """The transitions of one run. `new_id` numbers a gang's nodes as the gang is formed (the scheduler's
+    `TaskIndex.new_id`: the same sequence as every other task's); `gang_nodes(step, n)` is how many nodes a gang of
+    `n` gets (a smoke run's cap, distributed/smoke.py; all `n` by default)."""
+
+    def __init__(self, graph: FlowGraph, new_id: Callable[[], str],
+                 gang_nodes: Callable[[str, int], int] | None = None) -> None:
+        self.graph = graph
+        self.new_id = new_id
+        self.gang_nodes = gang_nodes or (lambda step, n: n)
+        self.joins: dict[tuple, dict[int, Task]] = {}  # (join, outer frames, passes) -> branch index -> its task
+
+    def successors(self, t: Task) -> list[NewTask]:
+        """The tasks that `t` (ok, or cloned) starts, and the joins it completes, in the order they are added."""
+        node = self.graph[t.step]
+        nxt = (t.manifest or {}).get("next") or {}
+        if node.kind == "foreach":
+            n, var = nxt["num_splits"], nxt["foreach_var"]
+            desc = t.manifest["artifacts"][var]
+            target = node.out_funcs[0]
+            iteration = next_iteration(self.graph, t, target)
+            return [NewTask(target, [t], [*t.foreach, ForeachFrame(step=t.step, var=var, index=i, num_splits=n,
+                                                                   desc=desc)], iteration) for i in range(n)]
+        if node.kind == "parallel":
+            target = node.out_funcs[0]
+            return self.gang(target, t, self.gang_nodes(target, int(nxt["num_parallel"])))
+        out: list[NewTask] = []
+        for target in chosen_steps(self.graph, t):
+            if self.graph[target].is_join:
+                out += self.arrive(target, t)
             else:
-                sched._add(target, [t], list(t.foreach), iteration=next_iteration(sched, t, target))
+                out.append(NewTask(target, [t], list(t.foreach), next_iteration(self.graph, t, target)))
+        return out
 
+    def gang(self, step: str, parent: Task, n: int) -> list[NewTask]:
+        """A gang of `n` nodes of `step` started by `parent` (the main address and the port come from the engine
+        when each node starts)."""
+        ids = [self.new_id() for _ in range(n)]
+        iteration = next_iteration(self.graph, parent, step)
+        return [NewTask(step, [parent], [*parent.foreach, ForeachFrame(step=parent.step, index=i, num_splits=n)],
+                        iteration, parallel=slot, gang=f"{step}-{ids[0]}", task_id=ids[i])
+                for i, slot in enumerate(GangSlot.gang(n, ids[0]))]
 
-def add_gang(sched: Scheduler, step: str, parent: Task, n: int) -> None:
-    gang = f"{step}-{sched._next_id + 1}"
-    ids = [sched._new_id() for _ in range(n)]
-    for i in range(n):  # the main address and the port come from the engine when the node starts
-        par = {"main_ip": None, "num_nodes": n, "node_index": i, "port": None, "control_task_id": ids[0]}
-        sched._add(step, [parent], parent.foreach + [{"step": parent.step, "var": None, "index": i,
-                                                      "num_splits": n}], parallel=par, gang=gang, task_id=ids[i],
-                   iteration=next_iteration(sched, parent, step))
-
-
-def arrive(sched: Scheduler, join: str, t: Task) -> None:
-    """`t` reached `join`: start the join once every branch (every foreach item) of its split has arrived.
-    A static split's branch is the one `t`'s step is on: after a switch, any of its cases may arrive."""
-    split = sched.graph.closing_split(join)
-    if split.kind in ("foreach", "parallel"):
-        outer, idx, expected = t.foreach[:-1], t.foreach[-1]["index"], t.foreach[-1]["num_splits"]
-    else:
-        outer, idx, expected = t.foreach, sched.graph.branch_index(t.step, join), len(split.out_funcs)
-    bucket = sched.joins.setdefault((join, frames_key(outer), tuple(t.iteration)), {})
-    bucket[idx] = t
-    if len(bucket) == expected:
-        sched._add(join, [bucket[i] for i in sorted(bucket)], list(outer), iteration=tuple(t.iteration))
+    def arrive(self, join: str, t: Task) -> list[NewTask]:
+        """`t` reached `join`: the join, once every branch (every foreach item) of its split has arrived. A static
+        split's branch is the one `t`'s step is on: after a switch, any of its cases may arrive."""
+        split = self.graph.closing_split(join)
+        if split.kind in ("foreach", "parallel"):
+            outer, idx, expected = t.foreach[:-1], t.foreach[-1].index, t.foreach[-1].num_splits
+        else:
+            outer, idx, expected = t.foreach, self.graph.branch_index(t.step, join), len(split.out_funcs)
+        bucket = self.joins.setdefault((join, frames_key(outer), tuple(t.iteration)), {})
+        bucket[idx] = t
+        if len(bucket) != expected:
+            return []
+        return [NewTask(join, [bucket[i] for i in sorted(bucket)], list(outer), tuple(t.iteration))]

@@ -5,7 +5,8 @@ store, sets the EFA / Neuron variables the step's request needs (`accel.node_env
 this process as `python flow.py _task SPEC` would (as a local task does), except that `MyFlow()` calls the task
 entrypoint directly (`flow_entry`), not the command line; its spec is in a file only this user can read. Its
 output goes to the engine's log as usual and, in chunks while it runs, to the store (best effort: a failed
-upload never fails the task), so `stoker logs` sees every node.
+upload never fails the task), so `stoker logs` sees every node. A node of a gang also beats in the store while it
+runs (runtime/member/heartbeat.py), so the driver tells a lost node from a failed one within seconds.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ import tempfile
 import threading
 import time
 from collections.abc import MutableMapping
+from dataclasses import replace
 
 from stoker.distributed.accel import node_env, step_request
+from stoker.errors import StokerError
 from stoker.flow.spec import flow_entry
+from stoker.runtime.member.heartbeat import Heartbeat
 from stoker.runtime.member.nodeenv import GENERIC, NodeEngine, node_identity
 from stoker.runtime.package import unpack_package
 from stoker.runtime.spec import TaskSpec
 from stoker.store.blobs import BlobStore, open_store
+from stoker.store.goodput import record as record_phase
+from stoker.store.goodput import timed as timed_phase
 from stoker.store.manifest import log_name
 
 UPLOAD_EVERY_S = float(os.environ.get("STOKER_LOG_UPLOAD_INTERVAL", "5"))
@@ -124,10 +130,11 @@ def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine
     if not 0 <= ident.member < len(specs):
         raise SystemExit(f"stoker: member {ident.member} of a unit of {len(specs)}: the engine started more "
                          f"members than were submitted")
-    spec = TaskSpec(**specs[ident.member])
+    mine = specs[ident.member]  # a TaskSpec in a local unit's document, its JSON in a remote one's
+    spec = mine if isinstance(mine, TaskSpec) else TaskSpec.from_dict(mine)
     if spec.parallel is not None:
-        spec.parallel = dict(spec.parallel, main_ip=ident.main_addr, port=ident.port,
-                             num_nodes=ident.num_nodes if doc["kind"] == "gang" else spec.parallel["num_nodes"])
+        num_nodes = ident.num_nodes if doc["kind"] == "gang" else spec.parallel.num_nodes
+        spec = replace(spec, parallel=spec.parallel.started(ident.main_addr, ident.port, num_nodes))
     return spec
 
 
@@ -141,14 +148,19 @@ def apply_node_env(doc: dict, env: MutableMapping[str, str] | None = None) -> di
     return added
 
 
-def run_member(store_url: str, code_key: str, spec_key: str, engine: NodeEngine = GENERIC) -> int:
+def run_member(store_url: str, code_key: str, spec_key: str, engine: NodeEngine = GENERIC,
+               beat: Heartbeat | None = None) -> int:
     started = time.time()
     store = open_store(store_url)
     doc = json.loads(store.get_blob(spec_key))
     spec = member_spec(doc, engine=engine)
+    if beat is not None:  # a gang node beats from now on (the caller writes its last beat: runtime/member/heartbeat.py)
+        beat.start(store, spec, node_identity(engine=engine).host)
     os.environ.update(STOKER_RUN_ID=spec.run_id, STOKER_TASK_PATHSPEC=spec.pathspec, STOKER_STORE=store.url)
     added = apply_node_env(doc)
-    pkg = unpack_package(store, code_key)
+    record_phase("node_setup", time.time() - started)  # the ledger's start-up phases (stoker.store.goodput)
+    with timed_phase("code_package"):
+        pkg = unpack_package(store, code_key)
     flow_path = str(pkg / doc["flow_path"])
     spec.flow_file = flow_path
     private = tempfile.mkdtemp(prefix="stoker-spec-")  # 0700: the spec is readable by this user only
@@ -204,7 +216,14 @@ def main(argv: list[str] | None = None, engine: NodeEngine = GENERIC) -> None:
     ap.add_argument("--spec", required=True)
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)
-    code = run_member(a.store, a.code, a.spec, engine)
+    beat, code = Heartbeat(), 1
+    try:
+        code = run_member(a.store, a.code, a.spec, engine, beat)
+    except StokerError as e:  # the store, the spec or the code package cannot be read: one line, no traceback
+        print(f"stoker node: error: {e}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        beat.stop(code)  # however it ended: the driver must not take this node for a lost one
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no atexit surprises from the flow's imports after the manifest and logs are written

@@ -23,6 +23,7 @@ class NodeIdentity:
     num_nodes: int = 1
     main_addr: str = "127.0.0.1"
     port: int | None = None
+    host: str = ""  # the engine's name for this node (Slurm's SLURMD_NODENAME), else "" (the host name is used)
 
 
 @dataclass(frozen=True)
@@ -48,5 +49,5 @@ def node_identity(env: Mapping[str, str] | None = None, engine: NodeEngine = GEN
                             addr or "127.0.0.1", port)
     found = engine.identity(env)
     if found is not None:  # what the launcher exported wins over what the engine's variables say
-        return NodeIdentity(found.member, found.num_nodes, addr or found.main_addr, port or found.port)
+        return NodeIdentity(found.member, found.num_nodes, addr or found.main_addr, port or found.port, found.host)
     return NodeIdentity(0, 1, addr or "127.0.0.1", port)

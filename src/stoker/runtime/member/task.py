@@ -20,6 +20,7 @@ from stoker.exitstatus import exit_code_for
 from stoker.features.hooks import TaskHooks
 from stoker.flow.current import ParallelInfo, current, graph_info
 from stoker.flow.decorators import TaskContext
+from stoker.flow.frames import ForeachFrame, frames_from_json
 from stoker.flow.graph import FlowGraph
 from stoker.flow.spec import FlowSpec, Inputs, _ArtifactView
 from stoker.redact import redact_text
@@ -28,7 +29,8 @@ from stoker.runtime.member.handover import hand_over
 from stoker.runtime.spec import TaskSpec
 from stoker.store.artifacts import load_artifact, save_artifact
 from stoker.store.blobs import BlobStore, open_store
-from stoker.store.manifest import read_manifest, store_manifest
+from stoker.store.goodput import take_timings
+from stoker.store.manifest import Manifest, exception_record, read_manifest, store_manifest
 from stoker.store.metrics import task_env as metrics_task_env
 from stoker.store.signing import seal
 
@@ -46,24 +48,22 @@ def _install_run_inputs(flow_cls: type[FlowSpec]) -> None:
         setattr(flow_cls, name, property(lambda self, n=name: FlowSpec.__getattr__(self, n)))
 
 
-def _frames(foreach: list[dict], store: BlobStore) -> list[dict]:
-    """Foreach frames with a lazy `value_fn` for `self.input` (the split's list is loaded once)."""
+def _frames(foreach: list[ForeachFrame], store: BlobStore) -> list[ForeachFrame]:
+    """Foreach frames that load their item for `self.input` when asked (the split's list is loaded once; a gang
+    node's item is its index, see ForeachFrame.value)."""
     frames = []
     cache: dict[str, Any] = {}
     for f in foreach:
-        frame = {"step": f["step"], "index": f["index"], "num_splits": f["num_splits"]}
-        if f.get("var") is None and f.get("desc") is None:  # a num_parallel gang: as Metaflow, self.input is the
-            frame.update(value=f["index"], num_splits=None)  # node index and foreach_stack() has no split count
-        elif f.get("desc") is not None:
-            def value(f=f) -> Any:
-                key = f["step"] + "/" + f["var"]
+        if f.desc is not None:
+            def value(f: ForeachFrame = f) -> Any:
+                key = f"{f.step}/{f.var}"
                 if key not in cache:
-                    cache[key] = load_artifact(store, f["desc"])
+                    cache[key] = load_artifact(store, f.desc)
                 v = cache[key]
                 indexable = hasattr(v, "__getitem__") and not isinstance(v, dict)
-                return v[f["index"]] if indexable else list(v)[f["index"]]
-            frame["value_fn"] = value
-        frames.append(frame)
+                return v[f.index] if indexable else list(v)[f.index]
+            f = f.with_value(value)
+        frames.append(f)
     return frames
 
 
@@ -92,13 +92,13 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     ctx.flow, call = _step_call(flow_cls, spec, store, node, func, parents)
     call = hooks.decorate(call)
     _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
-    ctx.manifest = manifest = spec.manifest_head(started)
-    code = _run_step(ctx, hooks, call, graph)
+    ctx.manifest = manifest = spec.manifest_head(started)  # hooks see it as a dict (Manifest's item access)
+    code = _run_step(ctx, hooks, manifest, call, graph)
     artifacts = dict(ctx.flow.__dict__["_inherited"])
     if code == 0:
-        code = _save_artifacts(ctx, artifacts, parents)
-    manifest.update(status="ok" if code == 0 else "failed", finished_at=time.time(), artifacts=artifacts)
-    manifest.setdefault("exception", None)
+        code = _save_artifacts(ctx, manifest, artifacts, parents)
+    manifest.finish("ok" if code == 0 else "failed", artifacts)
+    manifest.timings = take_timings()  # the start-up phases timed in this process (stoker.store.goodput)
     hooks.finished()  # never raises; also on failure
     sys.stdout.flush()
     sys.stderr.flush()
@@ -112,7 +112,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
 def _set_current(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, graph: FlowGraph,
                  tmp: str) -> ParallelInfo:
     """`current` of the task and the variables its children inherit; returns `current.parallel`."""
-    par = ParallelInfo(**spec.parallel) if spec.parallel else ParallelInfo()
+    par = ParallelInfo(**spec.parallel.to_dict()) if spec.parallel else ParallelInfo()
     current._set(flow_name=spec.flow, run_id=spec.run_id, step_name=spec.step, task_id=spec.task_id,
                  retry_count=spec.attempt, origin_run_id=spec.origin_run_id, is_running_flow=True,
                  username=spec.user, tags=set(spec.tags), tempdir=tmp, parallel=par,
@@ -133,11 +133,15 @@ def _set_current(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, gra
 def _step_call(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, node: Any, func: Any,
                parents: list[dict]) -> tuple[FlowSpec, Any]:
     """The FlowSpec instance the step runs on (its inputs loaded lazily) and the step's call."""
-    loader = lambda desc: load_artifact(store, desc)  # noqa: E731
+    def loader_of(m: dict | None) -> Any:  # a parent's artifacts are named by its task in a refusal
+        where = f"{m['flow']}/{m['run_id']}/{m['step']}/{m['task_id']}" if m else None
+        return lambda desc, name: load_artifact(store, desc, name=name, pathspec=where)
+
+    loader = loader_of(parents[0] if len(parents) == 1 else None)
     if node.is_join:
         inherited = dict(spec.run_inputs)
-        views = [_ArtifactView(m["artifacts"], loader, step=m["step"],
-                               foreach=_frames(m.get("foreach_stack") or [], store))
+        views = [_ArtifactView(m["artifacts"], loader_of(m), step=m["step"],
+                               foreach=_frames(frames_from_json(m.get("foreach_stack")), store))
                  for m in parents]
         flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=True)
         return flow, lambda: func(flow, Inputs(views))
@@ -147,41 +151,40 @@ def _step_call(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, node:
     return flow, lambda: func(flow)
 
 
-def _run_step(ctx: TaskContext, hooks: TaskHooks, call: Any, graph: FlowGraph) -> int:
+def _run_step(ctx: TaskContext, hooks: TaskHooks, manifest: Manifest, call: Any, graph: FlowGraph) -> int:
     """Run the step; on an exception, print it and let the decorators handle it, else record it in the
     manifest. Returns the exit code so far."""
-    spec, manifest = ctx.spec, ctx.manifest
+    spec = ctx.spec
     try:
         call()
         hooks.post_step()
-        manifest["next"] = _check_transition(ctx.flow, ctx.node, graph)
+        manifest.next = _check_transition(ctx.flow, ctx.node, graph)
         return 0
     except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
         exit_code = exit_code_for(exc)  # 75: preempted (run again, resuming), 78: permanent (never again)
         permanent, preempted = exit_code == EXIT_PERMANENT, exit_code == EXIT_PREEMPTED
         ctx.last_attempt = (spec.attempt + 1 >= spec.max_attempts or permanent) and not preempted
         message, trace = _exception_text(exc)
-        if permanent and isinstance(exc, StokerError):  # one line: the error says what to fix
+        if (permanent or preempted) and isinstance(exc, StokerError):  # one line: what to fix, or an expected stop
             print(f"{type(exc).__name__}: {message}", file=sys.stderr)
         else:
             print(trace, end="", file=sys.stderr)  # traceback.print_exc(), redacted
         if hooks.exception(exc):  # the flow goes on
             return 0
-        manifest["exception"] = {"type": type(exc).__name__, "message": message, "traceback": trace}
-        if permanent:
-            manifest["exception"]["permanent"] = True
+        flags = {"permanent": True} if permanent else {}
         if preempted:
-            manifest["exception"].update(preempted=True, resume_step=getattr(exc, "step", None))
+            flags.update(preempted=True, resume_step=getattr(exc, "step", None))
+        manifest.exception = exception_record(type(exc).__name__, message, trace, **flags)
         return exit_code if permanent or preempted else 1
 
 
-def _save_artifacts(ctx: TaskContext, artifacts: dict[str, dict], parents: list[dict]) -> int:
+def _save_artifacts(ctx: TaskContext, manifest: Manifest, artifacts: dict[str, dict], parents: list[dict]) -> int:
     """Store the step's new artifacts into `artifacts`; 1 (and the manifest says why) when that fails."""
     flow, store = ctx.flow, ctx.store
     try:
         for name, value in flow._new_artifacts().items():
             artifacts[name] = save_artifact(store, value, name=name)
-        var = (ctx.manifest.get("next") or {}).get("foreach_var")
+        var = (manifest.next or {}).get("foreach_var")
         if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
             artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
         _add_constants(ctx.flow_cls, artifacts, parents, store)
@@ -189,8 +192,7 @@ def _save_artifacts(ctx: TaskContext, artifacts: dict[str, dict], parents: list[
     except Exception as exc:  # noqa: BLE001
         message, trace = _exception_text(exc)
         print(trace, end="", file=sys.stderr)
-        ctx.manifest["exception"] = {"type": type(exc).__name__, "message": f"saving artifacts failed: {message}",
-                                     "traceback": trace}
+        manifest.exception = exception_record(type(exc).__name__, f"saving artifacts failed: {message}", trace)
         return 1
 
 

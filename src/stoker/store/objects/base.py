@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stoker._hashing import sha256_file
+from stoker._hashing import SHA256, content_key, file_key, key_algo, key_of, sha256_file
 from stoker.errors import ConfigError, StokerError, StoreError
 
 MiB = 1 << 20
@@ -161,9 +161,10 @@ class ObjectStore(ABC):
         os.unlink(path)
 
     @abstractmethod
-    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False, algo: str = SHA256) -> str | None:
         """Write object ``key`` into the new local file ``dest`` (in parallel ranges when large); with ``hashed``
-        it may return the sha256 it computed on the way (None: the caller hashes the file)."""
+        it may return the hex digest (``algo``: sha256 or blake3) it computed on the way (None: the caller hashes
+        the file)."""
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[ObjectInfo]:
@@ -199,19 +200,30 @@ class ObjectStore(ABC):
         return None
 
     # --- shared ------------------------------------------------------------------------------------
-    def get_file(self, key: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
-        """Download ``key`` to ``path`` (written under a temporary name, then renamed). With ``sha256`` the
-        file is verified first: a mismatch deletes it and raises ``error``."""
+    def get_file(self, key: str, path: str | os.PathLike, *, sha256: str | None = None,
+                 algo: str | None = None) -> str | None:
+        """Download ``key`` to ``path`` (written under a temporary name, then renamed). With ``sha256`` (a sha256
+        hex digest, or a content key ``b3-...``) the file is verified first: a mismatch deletes it and raises
+        ``error``. With ``algo`` (``sha256`` or ``blake3``) the content key of what landed is returned (hashed
+        while the ranges land where the store can), for the caller to check."""
         path = os.fspath(path)
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.part"
+        if sha256 is not None:
+            algo = key_algo(sha256) or SHA256
+        got = None
         try:
-            got = self._download(key, tmp, hashed=sha256 is not None)  # (a digest if it hashed on the way)
-            if sha256 is not None and (got := got or sha256_file(tmp)) != sha256:
-                raise self.corrupt(key, got, sha256)
+            if algo is None:
+                self._download(key, tmp)
+            else:
+                digest = self._download(key, tmp, hashed=True, algo=algo)  # (a digest if it hashed on the way)
+                got = key_of(algo, digest) if digest else sha256_file(tmp) if algo == SHA256 else file_key(tmp, algo)
+            if sha256 is not None and got != sha256:
+                raise self.corrupt(key, str(got), sha256)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        return got
 
     def corrupt(self, key: str, got: str, want: str) -> StokerError:
         return self.error(f"{self.url_of(key)} is corrupted: its content hashes to {got[:16]}..., its record says "
@@ -227,7 +239,7 @@ class ObjectStore(ABC):
                           "S3-compatible server)")
 
     def verified(self, key: str, data: bytes, sha256: str | None) -> bytes:
-        if sha256 is not None and (got := hashlib.sha256(data).hexdigest()) != sha256:
+        if sha256 is not None and (got := content_key(data, key_algo(sha256) or SHA256)) != sha256:
             raise self.corrupt(key, got, sha256)
         return data
 

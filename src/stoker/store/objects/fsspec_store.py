@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from stoker._hashing import SHA256
 from stoker.errors import StokerError, StoreError
 from stoker.store.objects.base import ObjectInfo, ObjectStore, TransferConfig, check_object_key
 
@@ -84,7 +85,7 @@ class FsspecObjects(ObjectStore):
                 self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
             self.fs.put_file(os.fspath(path), dest)
 
-    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False, algo: str = SHA256) -> str | None:
         with self._errors("downloading", key):
             self.fs.get_file(self.path(key), dest)
         return None

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from stoker._hashing import SHA256
 from stoker.errors import StokerError, StoreError
 from stoker.store.objects.base import ObjectInfo, ObjectStore, TransferConfig, check_object_key
 
@@ -147,7 +148,7 @@ class LocalObjects(ObjectStore):
         except FileNotFoundError:
             raise self.missing(key) from None
 
-    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False, algo: str = SHA256) -> str | None:
         try:
             shutil.copyfile(self.path(key), dest)
             return None

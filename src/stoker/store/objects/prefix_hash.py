@@ -1,4 +1,5 @@
-"""The sha256 of an object while its parts are still landing, out of order, from parallel ranged GETs.
+"""The hash (sha256, or BLAKE3 for blobs keyed by it) of an object while its parts are still landing, out of
+order, from parallel ranged GETs.
 
 Downloads report each span as it lands (:meth:`PrefixHash.landed`); a thread of its own hashes the prefix that
 has landed so far, as it grows (hashlib lets go of the GIL while it hashes), so the digest is ready about when
@@ -8,21 +9,22 @@ at 1.5 GB/s, with every accelerator of the gang waiting).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable
+
+from stoker._hashing import SHA256, new_hash
 
 _STEP = 64 << 20  # bytes hashed per read of a long landed prefix (a file's spans are read back in these)
 
 
 class PrefixHash:
-    """sha256 of ``total`` bytes that land in any order; ``read(offset, length)`` returns landed bytes (a
-    memoryview of the buffer they landed in, or a read of the file)."""
+    """The hash (``algo``: sha256 by default) of ``total`` bytes that land in any order; ``read(offset, length)``
+    returns landed bytes (a memoryview of the buffer they landed in, or a read of the file)."""
 
-    def __init__(self, total: int, read: Callable[[int, int], bytes | memoryview]) -> None:
+    def __init__(self, total: int, read: Callable[[int, int], bytes | memoryview], algo: str = SHA256) -> None:
         self._total = total
         self._read = read
-        self._hash = hashlib.sha256()
+        self._hash = new_hash(algo)
         self._cond = threading.Condition()
         self._ready = 0  # bytes [0, ready) have landed
         self._later: dict[int, int] = {}  # start -> end of landed spans beyond the prefix

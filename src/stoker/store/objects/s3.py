@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from stoker._hashing import SHA256, key_algo, key_of
 from stoker.errors import StokerError, StoreError
 from stoker.store.objects.base import MiB, ObjectInfo, ObjectStore, TransferConfig, Upload, check_object_key
 from stoker.store.objects.prefix_hash import PrefixHash
@@ -201,17 +202,18 @@ class S3Objects(ObjectStore):
         if total <= self._part_size(0):  # one GET had it all
             return self.verified(key, bytes(self._land(key, resp, total, bytearray(total))[0]), sha256)
         area = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        view, got = self._land(key, resp, total, area, hashed=sha256 is not None)
-        if sha256 is not None and got != sha256:
-            raise self.corrupt(key, str(got), sha256)
+        algo = key_algo(sha256) or SHA256
+        view, got = self._land(key, resp, total, area, hashed=sha256 is not None, algo=algo)
+        if sha256 is not None and key_of(algo, str(got)) != sha256:
+            raise self.corrupt(key, key_of(algo, str(got)), sha256)
         return view.toreadonly()
 
-    def _land(self, key: str, resp: Any, total: int, area: Any, *,
-              hashed: bool = False) -> tuple[memoryview, str | None]:
+    def _land(self, key: str, resp: Any, total: int, area: Any, *, hashed: bool = False,
+              algo: str = SHA256) -> tuple[memoryview, str | None]:
         """The object (``resp``: its first GET) downloaded into the writable buffer ``area`` of ``total`` bytes,
-        and with ``hashed`` its sha256, computed while the parts land."""
+        and with ``hashed`` its hex digest (``algo``), computed while the parts land."""
         view = memoryview(area)
-        hasher = PrefixHash(total, lambda off, n: view[off:off + n]) if hashed else None
+        hasher = PrefixHash(total, lambda off, n: view[off:off + n], algo) if hashed else None
 
         def write(off: int, chunk: bytes) -> None:
             view[off:off + len(chunk)] = chunk
@@ -341,13 +343,13 @@ class S3Objects(ObjectStore):
         finally:
             os.close(fd)
 
-    def _download(self, key: str, dest: str, *, hashed: bool = False) -> str | None:
+    def _download(self, key: str, dest: str, *, hashed: bool = False, algo: str = SHA256) -> str | None:
         found = self._first_part(key)
         if found is None:
             raise self.missing(key)
         resp, size = found
         fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        hasher = PrefixHash(size, lambda off, n: os.pread(fd, n, off)) if hashed else None  # (from the page cache)
+        hasher = PrefixHash(size, lambda off, n: os.pread(fd, n, off), algo) if hashed else None  # (the page cache's)
         try:
             os.ftruncate(fd, size)  # allocated once: the parts land at their offsets in any order
 

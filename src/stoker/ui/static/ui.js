@@ -13,7 +13,8 @@
     return s < 120 ? s.toFixed(1) + " s" : s < 7200 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h"; }
   function getJSON(url) { return fetch(url, {credentials: "same-origin"}).then(function (r) {
     if (!r.ok) throw new Error(url + ": " + r.status); return r.json(); }); }
-  function status(s) { return '<span class="status ' + esc(s) + '">' + esc(s) + "</span>"; }
+  function status(s, note) {
+    return '<span class="status ' + esc(s) + '"' + (note ? ' title="' + esc(note) + '"' : "") + ">" + esc(s) + "</span>"; }
 
   // ---- runs list ----------------------------------------------------------------------------------------
   function runsPage() {
@@ -23,7 +24,7 @@
         $("runs").tBodies[0].innerHTML = d.runs.map(function (r) {
           var href = "/runs/" + encodeURIComponent(r.flow) + "/" + encodeURIComponent(r.run_id);
           return '<tr data-run="' + esc(r.flow + "/" + r.run_id) + '" data-status="' + esc(r.status) + '"><td>' +
-            esc(r.flow) + '</td><td><a href="' + href + '">' + esc(r.run_id) + "</a></td><td>" + status(r.status) +
+            esc(r.flow) + '</td><td><a href="' + href + '">' + esc(r.run_id) + "</a></td><td>" + status(r.status, r.note) +
             "</td><td>" + esc(r.user || "-") + "</td><td>" + when(r.created_at) + "</td><td>" + took(r.duration) +
             "</td><td>" + r.tags.map(function (t) { return '<span class="tag">' + esc(t) + "</span>"; }).join(" ") + "</td></tr>";
         }).join("");
@@ -62,6 +63,7 @@
     detail = d;
     var r = d.run, st = $("run-status");
     st.className = "status " + r.status; st.dataset.status = r.status; st.textContent = r.status;
+    st.title = r.note || ""; $("run-note").hidden = !r.note; $("run-note").textContent = r.note || "";
     $("run-took").textContent = took(r.duration);
     $("dag-box").innerHTML = dagSvg(d.dag);
     var f = d.failure, box = $("failure");
@@ -141,7 +143,21 @@
   }
 
   var METRICS = [["loss", "loss"], ["tokens_per_s", "throughput (tokens/s)"], ["mfu", "MFU"], ["lr", "learning rate"],
-                 ["grad_norm", "grad norm"], ["mem_gb", "memory (GB)"]];
+                 ["grad_norm", "grad norm"], ["mem_gb", "memory (GB)"],
+                 ["straggler_score", "slowest rank's score (median busy time / its own)"]];
+
+  function drawStragglers() {  // the ranks and nodes a trainer named (stoker.train.stragglers), longest streak each
+    var named = {}, box = $("stragglers");
+    series.metrics.forEach(function (s) { s.records.forEach(function (r) { (r.stragglers || []).forEach(function (x) {
+      var k = [s.step, s.task_id, s.attempt, x.kind, x.node, x.rank].join("/");
+      if (!named[k] || x.windows >= named[k].x.windows) named[k] = {s: s, x: x};
+    }); }); });
+    var keys = Object.keys(named);
+    box.hidden = !keys.length;
+    box.innerHTML = keys.map(function (k) { var n = named[k];
+      return '<li data-straggler="' + esc(n.x.kind + " " + (n.x.kind === "node" ? n.x.node : n.x.rank)) + '">' +
+        esc(n.s.step + "/" + n.s.task_id + " attempt " + n.s.attempt + ": " + n.x.message) + "</li>"; }).join("");
+  }
 
   function chartBox(parent, id) {
     var box = $(id);
@@ -194,7 +210,7 @@
   }
 
   function loadSeries() {
-    getJSON(base + "/series/metrics").then(function (d) { series.metrics = d.series; drawMetrics(); });
+    getJSON(base + "/series/metrics").then(function (d) { series.metrics = d.series; drawMetrics(); drawStragglers(); });
     getJSON(base + "/series/monitor").then(function (d) { series.monitor = d.series; drawMonitor(); });
   }
 
