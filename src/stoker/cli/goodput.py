@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from stoker.errors import ConfigError
+from stoker.store.checkpoint_advice import advice_line
 
 LABELS = {"retry_wait": "retry wait", "queue": "queue", "startup": "start-up", "checkpoint_load": "checkpoint load",
           "productive": "productive", "straggler_idle": "straggler idle", "eval": "evaluation",
@@ -47,7 +48,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any] | None:
     keys = ("goodput", "ettr", "node_seconds", "paid_s", "seconds", "tokens")
     return {**{k: doc["total"][k] for k in keys}, "cost": doc["total"]["cost"],
             "steps": [{"step": s["step"], "nodes": s["nodes"], "wall_s": s["wall_s"], "failures": s["failures"],
-                       **{k: s[k] for k in keys}} for s in doc["steps"]], "notes": doc["notes"]}
+                       "checkpoint": s["checkpoint"], **{k: s[k] for k in keys}} for s in doc["steps"]],
+            "notes": doc["notes"]}
 
 
 def _biggest(seconds: dict[str, float], total: float, n: int = 4) -> str:
@@ -55,8 +57,9 @@ def _biggest(seconds: dict[str, float], total: float, n: int = 4) -> str:
     return ", ".join(f"{LABELS[k]} {secs(v)}" for v, k in rest[:n])
 
 
-def summary_lines(s: dict[str, Any] | None, pathspec: str = "FLOW/RUN") -> list[str]:
-    """`stoker show`'s lines: the productive share, the biggest other shares, the cost of the lost time."""
+def summary_lines(s: dict[str, Any] | None, pathspec: str = "FLOW/RUN", *, advice: bool = True) -> list[str]:
+    """`stoker show`'s lines: the productive share, the biggest other shares, the cost of the lost time, and (with
+    ``advice``) each training step's checkpoint interval advice."""
     if not s:
         return []
     if "error" in s:
@@ -69,6 +72,9 @@ def summary_lines(s: dict[str, Any] | None, pathspec: str = "FLOW/RUN") -> list[
     if cost:
         out.append(f"  lost work cost about ${cost['lost_usd']:,.2f}, all non-productive time about "
                    f"${cost['not_productive_usd']:,.2f} (on-demand prices)")
+    for step in s.get("steps") or [] if advice else []:
+        if a := (step.get("checkpoint") or {}).get("advice"):
+            out.append(f"  step {step['step']}: {advice_line(a, auto=a.get('auto', False))}")
     out.append(f"  where the time went, per attempt and node: stoker goodput {pathspec}")
     return out
 
@@ -104,7 +110,7 @@ def ledger_lines(doc: dict[str, Any]) -> list[str]:
     pathspec = f"{doc['flow']}/{doc['run_id']}"
     if not doc["steps"]:
         return [f"{pathspec}: no training step wrote a goodput ledger (stoker.train in a flow step writes one)"]
-    out = summary_lines(summary(doc), pathspec)[:-1]
+    out = summary_lines(summary(doc), pathspec, advice=False)[:-1]  # the advice: under each step
     for s in doc["steps"]:
         out.append(f"  step {s['step']}: {s['nodes']} node{'s' if s['nodes'] != 1 else ''}, wall {secs(s['wall_s'])}, "
                    f"goodput {pct(s['goodput'])}, {s['tokens']:,} tokens kept, "
@@ -120,6 +126,11 @@ def ledger_lines(doc: dict[str, Any]) -> list[str]:
             out.append(f"    checkpoints: {ck['saves']} saves, {secs(ck['mean_blocking_s'])} blocking each"
                        + (f", every {ck['every_steps']} steps" if ck["every_steps"] else "")
                        + (f"; mean step {s['mean_step_s'] * 1000:.0f} ms" if s["mean_step_s"] else ""))
+        if ck.get("advice"):
+            out.append(f"    {advice_line(ck['advice'], auto=ck['advice'].get('auto', False))}")
+        elif not ck["saves"]:
+            out.append("    no checkpoint was saved: no save time to advise an interval from (set checkpoint.every, "
+                       "or checkpoint.every=auto)")
         for t in s["tasks"]:
             out.append(f"    node {t['node'] if t['node'] is not None else '?'} (task {t['task_id']}):")
             out += [_attempt_line(a) for a in t["attempts"]]

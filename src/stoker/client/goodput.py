@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stoker.store.blobs import BlobStore
+from stoker.store.checkpoint_advice import NODE_MTBF_HOURS, NOT_FAILURES, advise, env_mtbf_hours, job_mtbf
 from stoker.store.goodput import LEDGER_SERIES, PHASES, latest_snapshot
 from stoker.store.manifest import read_manifest_object, run_prefix
 
@@ -175,6 +176,8 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
             "wall_s": wall, "seconds": sec, "startup": {k: v for k, v in startup.items() if v}, "steps": steps,
             "tokens_per_step": int(snap.get("tokens_per_step") or 0), "saves": int(snap.get("saves") or 0),
             "checkpoint_every": snap.get("checkpoint_every") or None,
+            "checkpoint_policy": snap.get("checkpoint_policy") or None,
+            "cause": (m.get("exception") or {}).get("cause") if status == "failed" else None,
             "instance_type": ((job or {}).get("extra") or {}).get("instance_type"),
             "backend": (job or {}).get("backend") or "local", "measured": bool(snap)}
 
@@ -242,7 +245,32 @@ def _cost(nodes: list[dict], price: Price | None) -> dict[str, Any] | None:
     return out if out["prices"] else None
 
 
-def _step(step: str, nodes: list[dict], price: Price | None) -> dict[str, Any]:
+def _advice(lead: dict, nodes: int, checkpoint: dict, step_s: float | None, env_hours: float | None
+            ) -> dict[str, Any] | None:
+    """The checkpoint interval advice (stoker.store.checkpoint_advice) from the measured blocking save and step times;
+    the MTBF: ``$STOKER_MTBF_HOURS`` when the reader gives it, else the one observed (node 0's paid time over its
+    failed attempts, but for causes that say nothing of the hardware), else the one the trainer was given
+    (``checkpoint.mtbf_hours`` or its ``$STOKER_MTBF_HOURS``), else the assumed one. None without a measured save
+    or step time."""
+    if not checkpoint["saves"] or checkpoint["mean_blocking_s"] is None or not step_s:
+        return None
+    failed = [a for a in lead["attempts"] if a["status"] == "failed" and a.get("cause") not in NOT_FAILURES]
+    paid = _ratios(lead["seconds"], lead["wall_s"])["paid_s"]
+    policy = next((a["checkpoint_policy"] for a in reversed(lead["attempts"]) if a.get("checkpoint_policy")), {})
+    if env_hours is None and failed and paid > 0:
+        mtbf, source = paid / len(failed), "observed"
+        note = f"observed from {len(failed)} failure{'s' if len(failed) > 1 else ''}"
+    elif env_hours is not None:
+        mtbf, source, note = job_mtbf(env_hours, nodes, "env")
+    else:  # what the trainer was given (its setting or environment), else the assumed MTBF
+        hours, given = _num(policy.get("mtbf_hours")), policy.get("mtbf_source") in ("setting", "env")
+        mtbf, source, note = job_mtbf(hours, nodes, policy["mtbf_source"]) if hours and given else \
+            job_mtbf(NODE_MTBF_HOURS, nodes, "assumed")
+    return {**advise(checkpoint["mean_blocking_s"], step_s, mtbf, source=source, mtbf_note=note,
+                     every_steps=checkpoint["every_steps"], failures=len(failed)), "auto": bool(policy.get("auto"))}
+
+
+def _step(step: str, nodes: list[dict], price: Price | None, env_hours: float | None = None) -> dict[str, Any]:
     seconds = _sum(n["seconds"] for n in nodes)
     node_s = sum(n["wall_s"] for n in nodes)
     span = max(n["end"] for n in nodes) - min(n["begin"] for n in nodes)
@@ -255,22 +283,27 @@ def _step(step: str, nodes: list[dict], price: Price | None) -> dict[str, Any]:
     saves = sum(a["saves"] for a in lead["attempts"])
     failures = sum(1 for a in lead["attempts"] if a["status"] == "failed")
     every = next((a["checkpoint_every"] for a in reversed(lead["attempts"]) if a["checkpoint_every"]), None)
+    checkpoint = {"saves": saves, "every_steps": every, "blocking_s": lead["seconds"]["checkpoint_save"],
+                  "mean_blocking_s": lead["seconds"]["checkpoint_save"] / saves if saves else None}
+    mean_step = steps_s / n_steps if n_steps else None
+    checkpoint["advice"] = _advice(lead, len(nodes), checkpoint, mean_step, env_hours)
     return {"step": step, "nodes": len(nodes), "wall_s": span, "node_seconds": node_s, "seconds": seconds,
             **_ratios(seconds, node_s), "tokens": tokens,
             "tokens_per_s": tokens / span if span > 0 else None,
             "tokens_per_productive_s": tokens / productive if (productive := lead["seconds"]["productive"]) else None,
-            "mean_step_s": steps_s / n_steps if n_steps else None, "failures": failures,
+            "mean_step_s": mean_step, "failures": failures,
             "mtbf_s": _ratios(lead["seconds"], lead["wall_s"])["paid_s"] / failures if failures else None,
-            "checkpoint": {"saves": saves, "every_steps": every, "blocking_s": lead["seconds"]["checkpoint_save"],
-                           "mean_blocking_s": lead["seconds"]["checkpoint_save"] / saves if saves else None},
+            "checkpoint": checkpoint,
             "cost": _cost(nodes, price), "tasks": nodes}
 
 
 def run_goodput(store: BlobStore, flow: str, run_id: str, *, price: Price | None = None,
-                now: float | None = None) -> dict[str, Any]:
+                now: float | None = None, mtbf_hours: float | None = None) -> dict[str, Any]:
     """The run's goodput ledger (see the module's docstring). ``price`` (instance type -> USD per node-hour) prices
-    the attempts whose job recorded an instance type (Batch); without it, or them, ``cost`` is None."""
+    the attempts whose job recorded an instance type (Batch); without it, or them, ``cost`` is None. ``mtbf_hours``
+    (one node's MTBF; default ``$STOKER_MTBF_HOURS``, if set) overrides the observed MTBF in the checkpoint advice."""
     now = time.time() if now is None else now
+    mtbf_hours = env_mtbf_hours() if mtbf_hours is None else mtbf_hours
     notes: list[str] = []
     manifests, jobs, ledgers = _read_inputs(store, flow, run_id, notes)
     snaps = {}
@@ -286,7 +319,7 @@ def run_goodput(store: BlobStore, flow: str, run_id: str, *, price: Price | None
         nodes = [n for task in sorted((t for s, t in attempts if s == step), key=lambda t: (len(t), t))
                  if (n := _node(step, task, sorted(attempts[(step, task)]), (manifests, jobs, snaps), now))]
         if nodes:
-            steps.append(_step(step, nodes, price))
+            steps.append(_step(step, nodes, price, mtbf_hours))
     seconds = _sum(s["seconds"] for s in steps)
     node_s = sum(s["node_seconds"] for s in steps)
     other = seconds["other"]

@@ -88,9 +88,10 @@ def resources_request(func: Callable) -> dict[str, Any]:
     return out
 
 
-def backend_options(func: Callable) -> dict[str, Any]:
-    """The arguments of the step's backend decorator (`@slurm(...)`, `@batch(...)`: the one with an `engine`)."""
-    d = next((d for d in _decorators(func) if d.engine), None)
+def backend_options(func: Callable, engine: str | None = None) -> dict[str, Any]:
+    """The arguments of the step's backend decorator (`@slurm(...)`, `@batch(...)`: the one with an `engine`; with
+    `engine`, the one for that backend)."""
+    d = next((d for d in _decorators(func) if d.engine and engine in (None, d.engine)), None)
     return dict(d.attributes) if d else {}
 
 

@@ -20,9 +20,11 @@ Local rank 0 of every node writes a cumulative snapshot (:meth:`Ledger.snapshot`
 when it closes): a killed trainer leaves its latest one. Outside a flow task (no ``STOKER_METRICS_STORE``) nothing is
 written. A store that fails never fails training (one warning).
 
-Stragglers' idle time: the per-rank timers (stoker.train.stragglers) may report the time this node's ranks waited
-for slower ones with :meth:`Ledger.straggler_idle`; the snapshot carries it as ``straggler_idle_s`` (None: not
-measured), and the goodput ledger moves it out of the productive time.
+Stragglers' idle time: the straggler monitor (stoker.train.stragglers) reports, every scored window, the time this
+node's ranks waited for the slowest rank with :meth:`Ledger.straggler_idle`; the snapshot carries it as
+``straggler_idle_s`` (None: not measured, detection off), and the goodput ledger moves it out of the productive time.
+The checkpoint interval (stoker.train.interval) sets ``checkpoint_every`` (under ``checkpoint.every=auto``, the one
+chosen last) and ``checkpoint_policy`` ({auto, mtbf_hours, mtbf_source}), which the interval advice reads.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Ledger:
         self.loop_started_at: float | None = None
         self.saves = self.evals = 0
         self.tokens_per_step = self.checkpoint_every = 0
+        self.checkpoint_policy: dict[str, Any] | None = None  # {auto, mtbf_hours, mtbf_source} (stoker.train.interval)
         self.idle_s: float | None = None
         self.overhead_s = 0.0  # the ledger's own time on the training thread (its snapshots and immediate uploads)
         self._factory = writer_factory
@@ -184,7 +187,8 @@ class Ledger:
                "start_step": self.start_step, "step": self.step, "resumed_step": self.resumed_step,
                "committed_step": self.committed_step, "pending_step": self.pending_step, "saves": self.saves,
                "evals": self.evals, "tokens_per_step": self.tokens_per_step,
-               "checkpoint_every": self.checkpoint_every, "straggler_idle_s": self.idle_s,
+               "checkpoint_every": self.checkpoint_every, "checkpoint_policy": self.checkpoint_policy,
+               "straggler_idle_s": self.idle_s,
                "overhead_s": round(self.overhead_s, 6)}
         self.overhead_s += self._mono() - now
         return out

@@ -353,7 +353,14 @@ class CheckpointSection:
     """``[checkpoint]``: where and how often; ``resume`` = ``auto`` (latest in ``dir`` if any) or ``never``."""
 
     dir: str = setting("", "where checkpoints go: a local path or an fsspec URL (default: <out_dir>/checkpoints)")
-    every: int = setting(0, "steps between checkpoints (0: only at the end)")
+    every: int | str = setting(0, "steps between checkpoints (0: only at the end); auto: the interval that "
+                                  "minimises the expected lost time (Young/Daly) from the measured save time and "
+                                  "mtbf_hours, recomputed after every save")
+    mtbf_hours: float = setting(0.0, "one node's mean time between failures in hours, for every=auto and the "
+                                     "advice in `stoker goodput` (0: $STOKER_MTBF_HOURS, else 24); a job of N nodes "
+                                     "fails N times as often")
+    auto_first_minutes: float = setting(10.0, "every=auto: the first save comes after this much training time or "
+                                              "100 steps, whichever is first; it measures the save's cost")
     keep: int = setting(3, "how many of the newest checkpoints to keep")
     async_save: bool = setting(False, "write and commit in a background thread; training only waits for the "
                                       "copy into host memory")
@@ -365,8 +372,15 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         if self.resume not in ("auto", "never"):
             raise ConfigError(f"checkpoint.resume={self.resume!r}; use 'auto' or 'never'")
-        if self.every < 0 or self.keep < 1:
-            raise ConfigError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
+        if isinstance(self.every, str) and self.every.strip().lower() == "auto":
+            self.every = "auto"
+        elif isinstance(self.every, bool) or not isinstance(self.every, int):
+            raise ConfigError(f"checkpoint.every={self.every!r}: give a number of steps (0: only at the end) or "
+                              "'auto' (the interval that minimises the expected lost time)")
+        if (self.every != "auto" and self.every < 0) or self.keep < 1:
+            raise ConfigError("checkpoint.every must be >= 0 (or 'auto') and checkpoint.keep >= 1")
+        _check_finite("checkpoint.mtbf_hours", self.mtbf_hours, low=0.0)
+        _check_finite("checkpoint.auto_first_minutes", self.auto_first_minutes, low=0.0, open_low=True)
 
 
 # -------------------------------------------------------------------------------------------------- [metrics]

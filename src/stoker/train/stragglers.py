@@ -32,6 +32,13 @@ windows, first_step, step, compute_s, data_s, collective_s, median_compute_s, me
 `stoker show` prints the messages under the task, the UI next to the run's training metrics. An unslowed run names
 nobody: no record has ``stragglers``.
 
+Idle time. Every rank reads the gathered figures too and adds its node's idle time to the trainer's goodput ledger
+(stoker.train.ledger, ``straggler_idle``; local rank 0 writes it): per rank and step, how much longer the slowest
+rank was busy than this rank or the median one, whichever is busier, capped by the rank's measured collective wait
+(:func:`idle_per_step`: waiting for the median rank is the gang's normal pace, the rest is what the slowest costs);
+a node's is the mean of its ranks' (they wait side by side), times the window's steps. The goodput ledger moves it
+out of the productive time into ``straggler_idle``. The warm-up window is not counted; a single rank idles 0.
+
 Test hook, not a setting: ``STOKER_TEST_SLOW_RANK=1:0.2`` (or ``1:0.2,3:0.05``) makes rank 1 sleep 0.2 s in the
 compute part of each of its steps, so that detection can be checked end to end. Never set it in a real run.
 """
@@ -177,6 +184,17 @@ def scores(busy: Sequence[float]) -> list[float]:
     """Each value's score: the median (the lower middle for an even count) over the value; 1.0 when either is 0."""
     mid = statistics.median_low(busy) if busy else 0.0
     return [mid / b if b > 0 and mid > 0 else 1.0 for b in busy]
+
+
+def idle_per_step(figures: Sequence[Figures]) -> list[float]:
+    """Each rank's idle time per step attributable to the slowest rank: how much longer the slowest rank was busy
+    than this rank or the median one, whichever is busier (waiting for the median rank is the gang's normal pace, not
+    a straggler's cost), and no more than the rank's measured collective wait. The slowest rank's own is 0."""
+    if len(figures) < 2:
+        return [0.0] * len(figures)
+    slowest = max(f.busy for f in figures)
+    mid = statistics.median_low(f.busy for f in figures)
+    return [min(f.collective, max(0.0, slowest - max(f.busy, mid))) for f in figures]
 
 
 def nodes_of(world_size: int, hosts: Sequence[str], local_world_size: int | None) -> list[int]:
@@ -336,15 +354,26 @@ class StragglerMonitor:
         rows = self._gather(mine)
         if self.detector is None:
             self.detector = self._detector()
+        figures = [Figures(c / n, d / n, k / n) for c, d, k, n in rows]
+        self._idle(figures, mine[3])
         if self.trainer.rank != 0:
             return
-        figures = [Figures(c / n, d / n, k / n) for c, d, k, n in rows]
         verdict = self.detector.update(figures, first_step=self.first_step, step=step)
         for entry in verdict.new:
             log.warning("%s", entry["message"])
         for line in verdict.recovered:
             log.warning("%s", line)
         self.pending = verdict.fields
+
+    def _idle(self, figures: list[Figures], steps: float) -> None:
+        """This node's ranks' idle time for the slowest rank over the window (:func:`idle_per_step`, the mean of the
+        node's ranks: they wait side by side) into the trainer's goodput ledger, which writes it on local rank 0."""
+        ledger = getattr(self.trainer, "ledger", None)
+        if ledger is None or self.detector is None:
+            return
+        per_step = idle_per_step(figures)
+        ranks = self.detector.members[self.detector.nodes[self.trainer.rank]]
+        ledger.straggler_idle(steps * sum(per_step[r] for r in ranks) / len(ranks))
 
     def _gather(self, mine: list[float]) -> list[list[float]]:
         world = self.trainer.world_size
@@ -356,7 +385,7 @@ class StragglerMonitor:
         t = torch.tensor(mine, dtype=torch.float64, device=self.trainer.device)
         out = [torch.empty_like(t) for _ in range(world)]
         dist.all_gather(out, t)
-        return torch.stack(out).tolist() if self.trainer.rank == 0 else []  # one copy to the host
+        return torch.stack(out).tolist()  # one small copy to the host: every rank's ledger needs its node's idle time
 
     def _detector(self) -> StragglerDetector:
         """Built at the first window (all ranks: the host names are gathered once)."""

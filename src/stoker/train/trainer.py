@@ -35,6 +35,7 @@ from stoker.errors import CheckpointError, ConfigError, DataError, Preempted, Tr
 from stoker.train.checkpoint import Checkpointer, load_trainer_state, resolve_resume, rng_state, set_rng_state
 from stoker.train.config import as_config, resolve_model
 from stoker.train.data_source import make_loader, open_training_data
+from stoker.train.interval import CheckpointInterval
 from stoker.train.ledger import Ledger
 from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
@@ -286,8 +287,8 @@ class Trainer:
         stop_at = t.stop_after if t.stop_after else t.steps
         sigterm = _SigtermFlag()
         saved_at = self.step if self.resumed_from else -1
-        stragglers = StragglerMonitor.start(self)
-        self.ledger.loop_started(self.step, tokens_per_step, self.cfg.checkpoint.every)
+        stragglers, interval = StragglerMonitor.start(self), CheckpointInterval.start(self)
+        self.ledger.loop_started(self.step, tokens_per_step, interval.every)
         try:
             while self.step < min(t.steps, stop_at):
                 lr = self.schedule.apply()
@@ -324,8 +325,8 @@ class Trainer:
                     t_log, steps_since_log = now, 0
                 else:
                     writer.advance(self.step)
-                if (every := self.cfg.checkpoint.every) and self.step % every == 0 and self.step < t.steps:
-                    last_ckpt, saved_at = self.save(), self.step
+                if interval.due(self.step) and self.step < t.steps:  # every N steps, or auto (train/interval.py)
+                    last_ckpt, saved_at = interval.save(), self.step
                 if self.step < min(t.steps, stop_at) and sigterm.agreed(self.device):
                     if saved_at != self.step:
                         last_ckpt, saved_at = self.save(), self.step

@@ -116,6 +116,15 @@ async def card(request: Request) -> Response:
                              "img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"})
 
 
+async def goodput(request: Request) -> Response:
+    """The run's goodput ledger (``null`` when no step trained) with the labels of its categories."""
+    flow, run_id = _run(request)
+    ui = _ctx(request)
+    rec = ui.db.get_run(flow, run_id)
+    finished = rec is not None and rec.status != "running"
+    return JSONResponse(ui.ledgers.ledger(flow, run_id, finished=finished))
+
+
 async def pipeline(request: Request) -> Response:
     flow, run_id = _run(request)
     ui = _ctx(request)
@@ -134,4 +143,5 @@ routes = [
     Route(_R + "/cards", cards),
     Route(_R + "/cards/{step}/{task}/{attempt}/{card}", card),
     Route(_R + "/pipeline", pipeline),
+    Route(_R + "/goodput", goodput),
 ]

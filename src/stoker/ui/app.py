@@ -26,6 +26,7 @@ from stoker.store.blobs import BlobStore
 from stoker.store.metadata import MetadataDB
 from stoker.ui import api, pages
 from stoker.ui.content import SeriesReader
+from stoker.ui.goodput import LedgerCache
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "stoker_ui_token"
@@ -48,9 +49,11 @@ class UIState:
     db: MetadataDB
     home: Path
     series: SeriesReader = field(init=False)
+    ledgers: LedgerCache = field(init=False)
 
     def __post_init__(self) -> None:
         self.series = SeriesReader(self.store)
+        self.ledgers = LedgerCache(self.store)
 
 
 class TokenMiddleware:

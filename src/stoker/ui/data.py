@@ -16,6 +16,7 @@ from stoker.store.metadata import MetadataDB
 from stoker.store.records import AttemptRecord, RunRecord
 from stoker.store.runstate import LOST, RunState, run_state
 from stoker.ui.dag import edges_from_manifests, edges_from_source, layout
+from stoker.ui.goodput import cause_label
 
 _SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
 # a gang node stopped because another node failed says so in its exception message
@@ -60,8 +61,15 @@ def _attempt(a: AttemptRecord) -> dict[str, Any]:
             "duration": _duration(a.started_at, a.finished_at, a.status == "running"),
             "hostname": a.hostname, "node": (m.get("parallel") or {}).get("node_index"),
             "num_nodes": (m.get("parallel") or {}).get("num_nodes"),
-            "exception": None if not exc else {"type": exc.get("type", ""), "message": exc.get("message", ""),
-                                               "traceback": exc.get("traceback", "")}}
+            "exception": None if not exc else _exception(exc)}
+
+
+def _exception(exc: dict[str, Any]) -> dict[str, Any]:
+    """A failed attempt's exception with its cause (stoker.runtime.driver.causes: a kind, its label and the evidence
+    in one line; None for an attempt recorded before causes were)."""
+    kind = exc.get("cause") or None
+    return {"type": exc.get("type", ""), "message": exc.get("message", ""), "traceback": exc.get("traceback", ""),
+            "cause": kind, "cause_label": cause_label(kind), "evidence": exc.get("evidence") or None}
 
 
 def _step_state(ok: int, failed: int, running: int, total: int) -> str:
@@ -80,13 +88,14 @@ def first_failure(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
 
     def key(item: tuple[dict, dict]) -> tuple:
-        msg = item[1]["exception"]["message"]
-        return (any(s in msg for s in _STOPPED_BY_OTHERS), item[1]["finished_at"] or 0.0)
+        exc = item[1]["exception"]
+        stopped = (any(s in exc["message"] for s in _STOPPED_BY_OTHERS) or exc["cause"] == "cancelled"
+                   or (exc["evidence"] or "").startswith("stopped with its gang"))
+        return (stopped, item[1]["finished_at"] or 0.0)
 
     t, a = min(failed, key=key)
     return {"step": t["step"], "task_id": t["task_id"], "attempt": a["attempt"], "node": a["node"],
-            "type": a["exception"]["type"], "message": a["exception"]["message"],
-            "traceback": a["exception"]["traceback"]}
+            **a["exception"]}
 
 
 def live_attempts(store: BlobStore, home: Path, flow: str, run_id: str) -> set[tuple[str, str, int]]:

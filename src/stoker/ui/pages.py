@@ -37,7 +37,8 @@ def _page(title: str, body: str, page: str, state: dict) -> HTMLResponse:
 <body data-page="{page}"><header><a href="/" class="brand">stoker</a> <span>{escape(title)}</span></header>
 <main>{body}</main>
 <script id="state" type="application/json">{blob}</script>
-<script src="/static/chart.js"></script><script src="/static/ui.js"></script></body></html>""")
+<script src="/static/chart.js"></script><script src="/static/goodput.js"></script>
+<script src="/static/ui.js"></script></body></html>""")
 
 
 def run_row(r: dict) -> str:
@@ -110,6 +111,8 @@ data-status="{escape(r['status'])}">{escape(r['status'])}</span></h1>
 <section><h2>DAG</h2><div id="dag-box">{dag_svg(detail['dag'])}</div></section>
 <section><h2>Tasks</h2><table id="tasks" class="grid"><thead><tr><th>step</th><th>task</th><th>node</th>
 <th>attempt</th><th>status</th><th>took</th><th>host</th><th></th></tr></thead><tbody></tbody></table></section>
+<section id="failed-attempts" hidden><h2>Failed attempts</h2><ul id="failed-list" class="failures"></ul></section>
+<section id="goodput" hidden><h2>Where the time went (goodput)</h2><div id="goodput-body"></div></section>
 <section id="pipeline" hidden><h2>Pretraining pipeline</h2><div id="pipeline-body"></div></section>
 <section><h2>Training metrics</h2><label class="dim">x axis <select id="xaxis"><option value="step">step</option>
 <option value="time">time</option></select></label>

@@ -50,6 +50,7 @@ class Task:
     attempt: int = 0
     state: str = "running"
     stopping: bool = False
+    started: float = 0.0
     parallel: object = None
     manifest: dict = field(default_factory=dict)
 
@@ -91,13 +92,13 @@ def test_a_silent_node_is_lost_when_the_survivors_failed_after_it_went_silent():
     for i, t in enumerate(tasks):
         _beat(store, t, i, 1, 100.0)
     w.lost(ref, tasks, 1000.0)
-    _beat(store, tasks[0], 0, 2, 104.4, state="ended", code=1)  # its torchrun failed 4.4 s after node 1's last beat
-    assert w.lost(ref, tasks, 1005.0) is None
-    lost = w.lost(ref, tasks, 1006.5)
-    assert lost is not None and lost.node == 1
+    _beat(store, tasks[0], 0, 2, 102.4, state="ended", code=1)  # its torchrun failed 2.4 s after node 1's last beat
+    assert w.lost(ref, tasks, 1003.5) is None
+    lost = w.lost(ref, tasks, 1004.5)  # the survivors reported the collective it left: two missed beats are enough
+    assert lost is not None and lost.node == 1 and lost.silent_s == 4.5
 
 
-def test_no_node_is_lost_when_all_are_silent_or_when_a_silent_one_ended_or_was_stopped_by_a_failure():
+def test_no_node_is_lost_when_all_are_silent_or_when_a_silent_one_ended():
     store, (ref, tasks) = Store(), _gang()
     w = _watch(store)
     for i, t in enumerate(tasks):
@@ -108,14 +109,21 @@ def test_no_node_is_lost_when_all_are_silent_or_when_a_silent_one_ended_or_was_s
     _beat(store, tasks[0], 0, 2, 110.0)
     store.write(manifest_name("F", "R", "train", tasks[1].task_id, 0), b"{}")
     assert w.lost(ref, tasks, 1011.0) is None
-    # a fresh gang: node 0 failed, then node 1 went silent (srun killed it): stopped by the failure, not lost
+    tasks[1].stopping = True  # stoker is stopping it: silence is expected
+    store.objects.clear()
+    assert w.lost(ref, tasks, 1020.0) is None
+
+
+def test_a_node_killed_within_a_beat_of_the_survivors_failure_is_still_lost():
+    """A SIGKILLed host's peers see their sockets reset at once: their failure lands within one beat of its last."""
     store, (ref, tasks) = Store(), _gang()
     w = _watch(store)
     _beat(store, tasks[0], 0, 1, 100.0)
     _beat(store, tasks[1], 1, 1, 100.5)
     w.lost(ref, tasks, 1000.0)
     _beat(store, tasks[0], 0, 2, 101.0, state="ended", code=1)
-    assert w.lost(ref, tasks, 1010.0) is None
+    lost = w.lost(ref, tasks, 1006.5)
+    assert lost is not None and lost.node == 1
 
 
 def test_a_paused_driver_or_an_unreadable_store_never_makes_a_node_lost():
@@ -155,6 +163,12 @@ def test_the_heartbeat_beats_for_a_gang_node_and_ends_with_its_code(monkeypatch)
     assert heartbeat_timeout() == 1.0 and beat_interval() == 1 / 3  # at least 1 s; three beats a timeout
     monkeypatch.setenv("STOKER_HEARTBEAT_TIMEOUT", "bad")
     assert heartbeat_timeout() == 6.0 and beat_interval() == 2.0
+    assert heartbeat_timeout(object_store=True) == 20.0, "an S3 write can stall for seconds"
+    monkeypatch.delenv("STOKER_HEARTBEAT_TIMEOUT")
+    assert NodeWatch(Store(), "F", "R").timeout == 6.0  # a store in a folder
+    s3 = Store()
+    s3.root = None
+    assert NodeWatch(s3, "F", "R").timeout == 20.0
     store = Store()
     spec = TaskSpec(flow="F", run_id="R", step="train", task_id="11", store_url="x",
                     parallel=GangSlot.gang(2, "10")[1])
@@ -180,3 +194,107 @@ def test_only_gang_nodes_beat():
     beat.start(store, one)
     beat.stop(0)
     assert store.objects == {}
+
+
+class Sched:
+    """What gang_failed uses of the scheduler."""
+
+    def __init__(self, gang: list) -> None:
+        self.gang, self.gang_failures, self.lines, self.stops, self.after = gang, {}, [], [], []
+        self.display = self
+
+    def info(self, line: str, style: str = "") -> None:
+        self.lines.append(line)
+
+    def _gang(self, t):
+        return self.gang
+
+    def _why(self, t) -> str:
+        exc = t.manifest.get("exception") or {}
+        return f"{exc.get('type')}: {exc.get('message')}"
+
+    def _stop(self, g, reason: str) -> None:
+        self.stops.append((g.task_id, reason))
+
+    def _again_or_fail(self, gang, first) -> None:
+        self.after.append(first.task_id)
+
+
+def _slotted(task_id: str, node: int, state: str, exc: dict | None = None) -> Task:
+    t = Task(task_id, Ref(), state=state, parallel=GangSlot.gang(2, "10")[node], manifest={"exception": exc or {}})
+    t.gang = "g"
+    return t
+
+
+def test_the_others_are_stopped_with_a_sentence_naming_the_failed_or_lost_node():
+    from stoker.runtime.driver.fallback import crash_note
+    from stoker.runtime.driver.lostnodes import gang_failed
+
+    for exc, said, why in [({"type": "RuntimeError", "message": "boom"}, "node 1 (task 11) failed: RuntimeError: boom",
+                            "node 1 of its gang failed"),
+                           ({"type": "NodeLost", "message": "node 1 (host n2) lost: no heartbeat for 6 s"},
+                            "node 1 (host n2) lost: no heartbeat for 6 s", "node 1 of its gang was lost")]:
+        survivor, failed = _slotted("10", 0, "running"), _slotted("11", 1, "failed", exc)
+        sched = Sched([survivor, failed])
+        gang_failed(sched, failed)
+        assert sched.lines == [f"gang train: {said}; stopping the other 1 node(s)"] and sched.stops == [("10", why)]
+        assert crash_note(-15, why) == f"Task failed: its process was killed by signal SIGTERM because {why}.\n"
+        survivor.state = "killed"
+        gang_failed(sched, survivor)
+        assert sched.after == ["11"], "the gang is retried or fails on its first failure"
+        assert sched.lines[-1].startswith("gang train stopped ") and sched.lines[-1].endswith(why.split("gang ")[1])
+
+
+def test_when_the_engine_ends_the_job_first_a_node_silent_by_then_is_named_first(tmp_path):
+    """Slurm's NODE_FAIL came before the heartbeat timeout: the silent node's attempt is dated by its last beat, so
+    the scheduler, which takes the gang's earliest failure, names it and not the survivor."""
+    from stoker.runtime.contract import EXITED, JobStatus
+    from stoker.runtime.driver.lostnodes import watch_gang
+    from stoker.store.blobs import open_store
+    from stoker.store.manifest import manifest_outcome
+
+    store = open_store(str(tmp_path / "store"))
+    ref, tasks = _gang()
+    for i, t in enumerate(tasks):
+        t.parallel = GangSlot.gang(2, "10")[i]
+        _beat(store, t, i, 1, 100.0)
+
+    class S:
+        def __init__(self) -> None:
+            self.store, self.flow, self.run_id = store, "F", "R"
+            self.watch = NodeWatch(store, "F", "R", timeout=60.0)  # longer than Slurm took
+
+        def _spec(self, t):
+            return TaskSpec(flow="F", run_id="R", step=t.step, task_id=t.task_id, store_url=str(store.url),
+                            parallel=t.parallel)
+
+    ended = JobStatus(EXITED, exit_code=-15, reason="a node failed")
+    name = manifest_name("F", "R", "train", "11", 0)
+    sched = S()
+    watch_gang(sched, ref, tasks, JobStatus("running"), 1000.0)
+    _beat(store, tasks[0], 0, 2, 104.0, state="ended", code=1)
+    watch_gang(sched, ref, tasks, ended, 1006.0)
+    assert not store.exists(name), "silent for 6 s: it may have been killed (out of memory): no guess"
+    sched = S()
+    _beat(store, tasks[0], 0, 1, 100.0)
+    watch_gang(sched, ref, tasks, JobStatus("running"), 1000.0)
+    _beat(store, tasks[0], 0, 2, 104.0, state="ended", code=1)
+    watch_gang(sched, ref, tasks, ended, 1012.0)
+    m, _ = manifest_outcome(store, name)
+    assert m["exception"]["type"] == "NodeLost" and m["finished_at"] == 100.0
+    assert m["exception"]["message"].startswith("node 1 (host n2) lost: no heartbeat for 12 s")
+
+
+def test_the_gang_line_shows_the_lost_node():
+    from stoker.runtime.contract import RUNNING, JobRef, JobStatus
+    from stoker.runtime.driver.gangview import GangView, node_states
+    from stoker.runtime.driver.queue import Task as SchedTask
+
+    ref = JobRef(backend="slurm", job_id="7", members=2, kind="gang")
+    tasks = [SchedTask(step="train", task_id=str(i), inputs=[], foreach=[], max_attempts=1, gang="g", job=ref,
+                       member=i) for i in range(2)]
+    tasks[0].state, tasks[1].state = "killed", "failed"
+    tasks[1].manifest = {"exception": {"type": "NodeLost", "message": "node 1 (host n2) lost: no heartbeat for 6 s"}}
+    states = node_states(tasks, ref, JobStatus(RUNNING))
+    assert states == ["killed", "lost"]
+    assert GangView().line("j", "r/train", states) == "[r/train] gang 2 nodes: 0 killed, 1 lost"

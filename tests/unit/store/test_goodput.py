@@ -10,8 +10,9 @@ import pytest
 
 from stoker.client.goodput import CATEGORIES, JOBS, run_goodput
 from stoker.store.blobs import LocalBlobStore
+from stoker.store.checkpoint_advice import advice_line, daly
 from stoker.store.goodput import ledger_prefix, take_timings, timed
-from stoker.store.manifest import Manifest, run_prefix, write_manifest
+from stoker.store.manifest import Manifest, read_manifest, run_prefix, write_manifest
 
 
 @pytest.fixture
@@ -83,7 +84,12 @@ def test_a_killed_attempt_and_its_retry(store):
     assert step["goodput"] == pytest.approx(110 / 190) and step["ettr"] == pytest.approx(110 / 200)
     assert step["tokens"] == 110 * 128 and step["tokens_per_s"] == pytest.approx(110 * 128 / 200)
     assert step["failures"] == 1 and step["mtbf_s"] == pytest.approx(190)
+    advice = step["checkpoint"].pop("advice")
     assert step["checkpoint"] == {"saves": 4, "every_steps": 20, "blocking_s": 7, "mean_blocking_s": 7 / 4}
+    # Daly from the measured save (1.75 s), the mean step (130 s / 130 steps) and the MTBF observed (190 s / 1)
+    assert advice["mtbf_s"] == 190 and advice["mtbf_source"] == "observed" and advice["failures"] == 1
+    assert advice["save_s"] == 1.75 and advice["mean_step_s"] == 1.0
+    assert advice["daly_s"] == pytest.approx(24.6341, abs=1e-4) and advice["every_steps"] == 25
     assert step["cost"] is None and doc["total"]["cost"] is None and not doc["notes"]
     assert json.loads(json.dumps(doc)) == doc
 
@@ -210,3 +216,69 @@ def test_the_commands_text(store):
     assert short[0].startswith("goodput: 64.9%") and short[-1].endswith("stoker goodput F/1")
     assert summary_lines({"error": "no store"}) == ["goodput: not available (no store)"]
     assert summary({**doc, "steps": []}) is None and summary_lines(None) == []
+
+
+def test_the_checkpoint_advice_in_show_and_goodput(store, monkeypatch):
+    """The advice line on the killed-and-retried fixture: the interval from the save time measured (1.75 s blocking),
+    the mean step (1 s) and the MTBF observed (190 s of paid time, 1 failure); a given MTBF overrides the observed
+    one; a deterministic failure is no failure rate; a run without failures assumes 24 h per node."""
+    from stoker.cli.goodput import ledger_lines, summary, summary_lines
+
+    monkeypatch.delenv("STOKER_MTBF_HOURS", raising=False)
+    manifest(store, "2", 0, 1000, 1100, "failed", timings={"preflight": 2.0})
+    snapshots(store, "2", 0, snap(1010, 1020, start=0, step=0, final=False, proc=1005, init=5, steps=5),
+              snap(1010, 1080, start=0, step=60, final=False, committed=40, proc=1005, init=5, steps=60,
+                   checkpoint_save=5))
+    manifest(store, "2", 1, 1110, 1200, "ok")
+    snapshots(store, "2", 1, snap(1115, 1195, start=40, step=110, final=True, committed=110, proc=1112, init=5,
+                                  checkpoint_load=3, steps=70, checkpoint_save=2))
+    line = ("checkpoint every 20 steps (20 s); advised every 25 steps (25 s; Daly, save 1.8 s blocking, MTBF 3.2 min "
+            "observed from 1 failure); expected loss 13.6 % vs 13.8 % now")
+    doc = run_goodput(store, "F", "1")
+    assert f"    {line}" in ledger_lines(doc)
+    assert sum(x.endswith(line) for x in ledger_lines(doc)) == 1, "`stoker goodput` says it once, under the step"
+    assert f"  step train: {line}" in summary_lines(summary(doc), "F/1")
+    assert summary(doc)["steps"][0]["checkpoint"]["advice"]["every_steps"] == 25
+
+    given = run_goodput(store, "F", "1", mtbf_hours=2.0)["steps"][0]["checkpoint"]["advice"]
+    assert given["mtbf_s"] == 7200 and given["mtbf_note"] == "given ($STOKER_MTBF_HOURS=2 h)"
+    assert given["every_steps"] == round(daly(1.75, 7200)) == 158
+    monkeypatch.setenv("STOKER_MTBF_HOURS", "2")
+    assert run_goodput(store, "F", "1")["steps"][0]["checkpoint"]["advice"] == given
+
+    monkeypatch.delenv("STOKER_MTBF_HOURS")
+    m = read_manifest(store, "F", "1", "train", "2", 0)
+    m["exception"] = {"type": "ConfigError", "cause": "config", "evidence": "ConfigError: bad"}
+    store.write(next(n for n in store.list(run_prefix("F", "1")) if n.endswith("/2/0/manifest.json")),
+                json.dumps(m).encode())  # unsigned now: its times are still read, said in the notes
+    doc = run_goodput(store, "F", "1")
+    advice = doc["steps"][0]["checkpoint"]["advice"]
+    assert advice["mtbf_source"] == "assumed" and advice["mtbf_note"] == "assumed (24 h per node)"
+    assert advice["failures"] == 0 and advice["every_steps"] == round(daly(1.75, 24 * 3600)) == 549
+    assert "step train: checkpoint every 20 steps (20 s); advised every 549 steps (9.2 min;" in "\n".join(
+        summary_lines(summary(doc)))
+
+
+def test_no_save_no_advice(store):
+    from stoker.cli.goodput import ledger_lines
+
+    manifest(store, "2", 0, 1000, 1100)
+    snapshots(store, "2", 0, {**snap(1000, 1100, start=0, step=100, final=True, steps=100), "saves": 0})
+    doc = run_goodput(store, "F", "1")
+    assert doc["steps"][0]["checkpoint"]["advice"] is None
+    assert any("no checkpoint was saved" in line for line in ledger_lines(doc))
+
+
+def test_the_trainers_mtbf_is_the_advices_when_none_was_observed(store, monkeypatch):
+    monkeypatch.delenv("STOKER_MTBF_HOURS", raising=False)
+    manifest(store, "2", 0, 1000, 1100, node=0)
+    manifest(store, "3", 0, 1000, 1100, node=1)
+    policy = {"auto": True, "mtbf_hours": 6.0, "mtbf_source": "setting"}
+    for task in ("2", "3"):
+        snapshots(store, task, 0, {**snap(1000, 1100, start=0, step=100, final=True, steps=96, checkpoint_save=4),
+                                   "checkpoint_policy": policy, "checkpoint_every": 50})
+    advice = run_goodput(store, "F", "1")["steps"][0]["checkpoint"]["advice"]
+    assert advice["mtbf_s"] == 3 * 3600
+    assert advice["mtbf_note"] == "given (checkpoint.mtbf_hours=6 h per node / 2 nodes)"
+    assert advice["auto"] and advice["save_s"] == 2 and advice["mean_step_s"] == pytest.approx(0.96)
+    assert advice_line(advice, auto=True).startswith("checkpoint every 50 steps (48 s, chosen by every=auto); advised")

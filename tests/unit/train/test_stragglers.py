@@ -27,6 +27,8 @@ from stoker.train.stragglers import (
     Figures,
     StepTimer,
     StragglerDetector,
+    StragglerMonitor,
+    idle_per_step,
     nodes_of,
     scores,
     slow_hook,
@@ -150,6 +152,44 @@ def test_a_slow_rank_is_named_after_n_windows_then_recovers(caplog):
     v = d.update(_figs(0.5, 0.5, 0.55, 0.5), first_step=51, step=60)
     assert not v.named and "stragglers" not in v.fields
     assert v.recovered == ["straggler: rank 2 (node 0, host h) is back at 0.91 of the median (named at 0.42)"]
+
+
+def test_idle_time_is_what_the_slowest_rank_costs_beyond_the_median():
+    """busy 0.8 / 1.0 / 1.0 / 1.5 s per step (median, the lower middle, 1.0): each rank waits 1.5 - max(own, 1.0) =
+    0.5 s for the slowest, no more than its collective wait (rank 1's 0.2 s); the slowest waits for nobody."""
+    figs = [Figures(0.8, 0.0, 0.7), Figures(1.0, 0.0, 0.2), Figures(0.9, 0.1, 0.5), Figures(1.4, 0.1, 0.0)]
+    assert idle_per_step(figs) == pytest.approx([0.5, 0.2, 0.5, 0.0])
+    assert idle_per_step([Figures(1.0, 0.0, 0.3)]) == [0.0] and idle_per_step([]) == []
+    equal = [Figures(1.0, 0.0, 0.1)] * 3
+    assert idle_per_step(equal) == [0.0, 0.0, 0.0]
+
+
+class _Gang(StragglerMonitor):
+    """Rank ``rank`` of a 4-rank gang on 2 nodes (2 ranks each), whose gathered figures are given."""
+
+    def __init__(self, rank: int, rows: list[list[float]]) -> None:
+        from stoker.train.ledger import Ledger
+
+        trainer = type("T", (), {"rank": rank, "world_size": 4, "step": 0, "ledger": Ledger()})()
+        super().__init__(trainer, timer=None, window=10, threshold=0.7, windows=3)
+        self.rows = rows
+
+    def _gather(self, mine: list[float]) -> list[list[float]]:
+        return self.rows
+
+    def _detector(self) -> StragglerDetector:
+        return StragglerDetector(nodes=[0, 0, 1, 1], hosts=["a", "a", "b", "b"])
+
+
+def test_every_node_puts_its_ranks_idle_time_into_its_ledger():
+    """Window of 10 steps; rank 3 (node 1) is 0.5 s per step slower: node 0's ranks both wait 0.5 s a step (5 s over
+    the window, their mean), node 1's rank 2 waits 0.5 and rank 3 none (2.5 s, their mean)."""
+    rows = [[10.0, 0.0, 6.0, 10], [10.0, 0.0, 6.0, 10], [10.0, 0.0, 6.0, 10], [15.0, 0.0, 1.0, 10]]
+    for rank, idle in ((0, 5.0), (1, 5.0), (2, 2.5), (3, 2.5)):
+        gang = _Gang(rank, rows)
+        gang._window(rows[rank], step=20)
+        assert gang.trainer.ledger.idle_s == pytest.approx(idle)
+        assert bool(gang.pending) == (rank == 0), "rank 0 alone scores"
 
 
 def test_a_streak_must_be_consecutive():

@@ -10,19 +10,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-ENDED = ("done", "failed", "killed")
+from stoker.runtime.driver.lostnodes import lost_why
+
+ENDED = ("done", "failed", "killed", "lost")
 MIN_GAP_S = 1.0
 
 
 def node_states(tasks: list[Any], ref: Any, status: Any) -> list[str]:
-    """The state of each node of the gang job ``ref``: queued (why) / running / stopping / done / failed /
-    killed, from the scheduler's tasks and the engine's member statuses."""
+    """The state of each node of the gang job ``ref``: queued (why) / running / stopping / done / failed / lost (its
+    heartbeat stopped: runtime/driver/lostnodes.py) / killed, from the scheduler's tasks and the engine's member
+    statuses."""
     out = []
     for i, t in enumerate(tasks):
         if t.state == "ok":
             out.append("done")
         elif t.state != "running" or t.job is not ref:
-            out.append(t.state)  # failed, killed, or pending again for a retry
+            out.append("lost" if t.state == "failed" and lost_why(t) else t.state)  # or killed, or pending again
         elif t.stopping:
             out.append("stopping")
         else:

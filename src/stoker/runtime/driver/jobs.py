@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 
-from stoker.features.hooks import deadline, resources_request
-from stoker.flow.decorators import get_decorator
+from stoker.features.hooks import backend_options, deadline, resources_request
 from stoker.runtime.contract import Backend, JobRef, Unit
 from stoker.runtime.driver.resources import KEYS
 from stoker.runtime.spec import TaskSpec
@@ -18,9 +17,9 @@ def build_unit(flow_cls: type, backend: Backend, kind: str, specs: list[TaskSpec
     asks for and the limit on one attempt (the decorators' hooks)."""
     first = specs[0]
     func = getattr(flow_cls, first.step)
-    opts, limit = get_decorator(func, backend.name), deadline(func)
+    limit = deadline(func)
     return Unit(kind=kind, flow=first.flow, run_id=first.run_id, step=first.step, specs=specs,
-                options=dict(opts.attributes) if opts else {}, resources=resources_request(func),
+                options=backend_options(func, backend.name), resources=resources_request(func),
                 timeout_s=limit[0] if limit else None, store_url=store_url,
                 env={"STOKER_RUN_ID": first.run_id, **run_env()}, throttle=throttle)
 

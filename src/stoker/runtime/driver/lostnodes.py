@@ -8,13 +8,14 @@ died wrote nothing, so the first failure on record was a survivor's. Each node o
 judges them by its own clock (when a beat last changed, not the time a node wrote in it, so clocks may differ and a
 driver that was paused is not misled).
 
-A node is lost when its beat has not changed for `$STOKER_HEARTBEAT_TIMEOUT` seconds (default 6), it has not ended
-(no last beat, no manifest), and another node of the gang is alive or has ended: all nodes silent at once is the
-store or this host, not a node. A node that went silent only after another node failed was stopped by that
-failure (srun ends the others), and is not lost. Then the lost node's attempt fails with `NodeLost` naming it and
-its host, dated by its last beat so it is the gang's first failure; the job is cancelled at once and the gang ends
-now, not when the engine gives up on the host. When the engine ends the job first, a node that had missed two beats
-by then is named the same way.
+A node is lost when its beat has not changed for `$STOKER_HEARTBEAT_TIMEOUT` seconds (6, or 20 with an object store:
+runtime/member/heartbeat.py), it has not ended (no last beat, no manifest), and another node of the gang is alive or
+has ended: all nodes silent at once is the store or this host, not a node. When the others' own failures came after its
+last beat (they report the collective it left), two missed beats are enough. (A node that the engine stops because
+another failed, srun's --kill-on-bad-exit, gets SIGTERM first and writes its last beat.) Then the lost node's attempt
+fails with `NodeLost` naming it and its host, dated by its last beat so it is the gang's first failure; the job is
+cancelled at once and the gang ends now, not when the engine gives up on the host. When the engine ends the job first,
+a node silent for 10 s (or the timeout, if shorter) by then is named the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from stoker.runtime.member.heartbeat import beat_interval, heartbeat_name, heart
 from stoker.store.manifest import manifest_name, manifest_outcome, write_manifest
 
 NODE_LOST = "NodeLost"  # the exception type of a lost node's attempt
+# a job the engine ended: a node silent this long by then was lost (a node the engine or the kernel killed, e.g. out of
+# memory, is silent only for a beat or two before its job ends, and keeps that evidence)
+EXITED_SILENCE_S = 10.0
+SETTLE_S = 1.5  # after the cancel, how long a survivor may take to write its own failure before the gang moves on
 
 
 @dataclass
@@ -57,7 +62,8 @@ class NodeWatch:
 
     def __init__(self, store: Any, flow: str, run_id: str, timeout: float | None = None) -> None:
         self.store, self.flow, self.run_id = store, flow, run_id
-        self.timeout = heartbeat_timeout() if timeout is None else timeout
+        object_store = getattr(store, "root", "") is None  # s3:// and the like (BlobStore.root: its local folder)
+        self.timeout = heartbeat_timeout(object_store=object_store) if timeout is None else timeout
         self.interval = beat_interval(self.timeout)
         self.every = self.interval / 2  # how often a running gang's beats are read
         self.seen: dict[str, dict[int, _Seen]] = {}  # job id -> member -> its last beat
@@ -108,15 +114,14 @@ class NodeWatch:
         limit = self.timeout if threshold is None else threshold
         ended = {i: s.doc for i, s in seen.items() if s.doc.get("state") == "ended"}
         alive = {i for i, s in seen.items() if i not in ended and now - s.changed <= limit}
-        failed_at = [d.get("at", 0) for d in ended.values() if d.get("code")]
-        silent = sorted((i for i, s in seen.items() if i not in ended and i not in alive),
-                        key=lambda i: seen[i].changed)
-        for i in silent:
-            s = seen[i]
-            others = (alive | set(ended)) - {i}
+        for i in sorted((i for i in seen if i not in ended), key=lambda i: seen[i].changed):
+            s, t = seen[i], tasks[i]
             last_at = float(s.doc.get("at") or 0)
-            stopped_by_others = any(f < last_at + self.interval for f in failed_at)
-            if not others or stopped_by_others or tasks[i].stopping or self._ended(tasks[i]):
+            # the others failed after its last beat: they report the collective it left, so two missed beats will do
+            reported = any(d.get("code") and float(d.get("at") or 0) > last_at for j, d in ended.items() if j != i)
+            quiet = now - s.changed > (min(limit, 2 * self.interval) if reported and threshold is None else limit)
+            others = (alive | set(ended)) - {i}
+            if not quiet or not others or t.stopping or t.state != "running" or t.job is not ref or self._ended(t):
                 continue
             return Lost(i, str(s.doc.get("host") or "?"), now - s.changed, last_at or now)
         return None
@@ -166,10 +171,11 @@ def watch_gang(sched: Any, ref: JobRef, tasks: list[Any], status: JobStatus, now
         return
     if any(t.stopping for t in running):
         return  # stoker is stopping it (a failure elsewhere, @timeout, Ctrl-C): silence is expected
-    if status.state == EXITED:  # the engine ended it first: name a node that had missed two beats by then
-        lost = w.lost(ref, tasks, now, threshold=2 * w.interval + w.every)
+    if status.state == EXITED:  # the engine ended it first (its node timeout is shorter): name a node silent by then
+        lost = w.lost(ref, tasks, now, threshold=min(w.timeout, EXITED_SILENCE_S))
         if lost is not None:
             _write_lost(sched, tasks[lost.node], lost, tasks)
+        w.forget(ref.job_id)  # the scheduler finishes its nodes in this pass
         return
     if status.state != RUNNING or now - w.checked.get(ref.job_id, 0.0) < w.every:
         return
@@ -223,7 +229,7 @@ def _settle(sched: Any, ref: JobRef, tasks: list[Any], now: float) -> None:
             continue
         beat = seen.get(i)
         over = beat is not None and beat.doc.get("state") == "ended"
-        if over or w._ended(t) or now - since >= min(3.0, w.timeout / 2):
+        if over or w._ended(t) or now - since >= SETTLE_S:
             sched._finish(t, -15, None)
     if not any(t.state == "running" and t.job is ref for t in tasks):
         w.forget(ref.job_id)

@@ -9,8 +9,9 @@ Only the nodes of a gang beat (an array of a thousand tasks would write hundreds
 The heartbeat is a thread of the node agent; the step runs in the same process, but its heavy work runs in torchrun's
 workers or in code that releases the GIL, so a thread that wakes every two seconds is not starved.
 
-`$STOKER_HEARTBEAT_TIMEOUT` (seconds, default 6) is how long the driver waits for a silent node; a node beats three
-times within it (at most every 2 s).
+`$STOKER_HEARTBEAT_TIMEOUT` (seconds) is how long the driver waits for a silent node: by default 6 with a store in a
+folder (a cluster's shared filesystem), 20 with an object store (an S3 write can stall for seconds). A node beats
+every 2 s (three times within the timeout when it is shorter).
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ from stoker.store.manifest import attempt_prefix
 
 TIMEOUT_ENV = "STOKER_HEARTBEAT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 6.0
+OBJECT_STORE_TIMEOUT_S = 20.0
 
 
-def heartbeat_timeout(env: dict[str, str] | None = None) -> float:
-    """`$STOKER_HEARTBEAT_TIMEOUT` in seconds (default 6; at least 1)."""
+def heartbeat_timeout(env: dict[str, str] | None = None, object_store: bool = False) -> float:
+    """`$STOKER_HEARTBEAT_TIMEOUT` in seconds (at least 1; default 6, or 20 with an object store)."""
+    default = OBJECT_STORE_TIMEOUT_S if object_store else DEFAULT_TIMEOUT_S
     raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "")
     try:
-        return max(1.0, float(raw)) if raw.strip() else DEFAULT_TIMEOUT_S
+        return max(1.0, float(raw)) if raw.strip() else default
     except ValueError:
-        return DEFAULT_TIMEOUT_S
+        return default
 
 
 def beat_interval(timeout: float | None = None) -> float:

@@ -15,6 +15,10 @@
     if (!r.ok) throw new Error(url + ": " + r.status); return r.json(); }); }
   function status(s, note) {
     return '<span class="status ' + esc(s) + '"' + (note ? ' title="' + esc(note) + '"' : "") + ">" + esc(s) + "</span>"; }
+  function cause(x) {  // a failed attempt's cause and evidence (docs/operations.md, "Why an attempt failed")
+    if (!x.cause) return '<span class="err">' + esc(x.type + ": " + x.message) + "</span>";
+    return '<span class="cause" data-cause="' + esc(x.cause) + '">' + esc(x.cause_label) + "</span>" +
+      (x.evidence ? '<span class="evidence">: ' + esc(x.evidence) + "</span>" : ""); }
 
   // ---- runs list ----------------------------------------------------------------------------------------
   function runsPage() {
@@ -35,7 +39,7 @@
   }
 
   // ---- run page -----------------------------------------------------------------------------------------
-  var base, detail, logSel = null, logText = "", logOffset = 0, logFinal = false, lastStatus = null;
+  var base, detail, logSel = null, logText = "", logOffset = 0, logFinal = false, lastStatus = null, ledger = null;
   var series = {metrics: [], monitor: []};
 
   function dagSvg(dag) {
@@ -69,13 +73,15 @@
     var f = d.failure, box = $("failure");
     box.hidden = !f;
     if (f) box.innerHTML = "<b>failed: " + esc(f.step) + "/" + esc(f.task_id) + (f.node !== null ? " (gang node " + f.node +
-      ", the first to fail)" : "") + " attempt " + f.attempt + "</b>: " + esc(f.type) + ": " + esc(f.message) +
-      (f.traceback ? "<pre>" + esc(f.traceback) + "</pre>" : "");
+      ", the first to fail)" : "") + " attempt " + f.attempt + "</b>: " + (f.cause ? "cause: " + cause(f) + "<br>" : "") +
+      esc(f.type) + ": " + esc(f.message) + (f.traceback ? "<pre>" + esc(f.traceback) + "</pre>" : "");
+    drawFailed(d);
     $("tasks").tBodies[0].innerHTML = d.tasks.map(function (t) {
       return t.attempts.map(function (a) {
         return '<tr data-task="' + esc(t.step + "/" + t.task_id) + '"><td>' + esc(t.step) + "</td><td>" + esc(t.task_id) +
           "</td><td>" + (a.node === null ? "" : a.node) + "</td><td>" + a.attempt + "</td><td>" + status(a.status) +
-          (a.exception ? ' <span class="err">' + esc(a.exception.type + ": " + a.exception.message) + "</span>" : "") +
+          (a.exception ? ' <span class="why" title="' + esc(a.exception.type + ": " + a.exception.message) + '">' +
+            cause(a.exception) + "</span>" : "") +
           "</td><td>" + took(a.duration) + "</td><td>" + esc(a.hostname || "") + '</td><td><a href="#logs" data-log="' +
           esc(logKey(t, a)) + '">log</a></td></tr>';
       }).join("");
@@ -96,6 +102,21 @@
       selectLog(failedLog(d) || pick.value);
     }
     if (!keepArt && art.value) loadArtifacts();
+  }
+
+  function drawFailed(d) {  // every failed attempt with its cause, and what came of it
+    var items = [];
+    d.tasks.forEach(function (t) { t.attempts.forEach(function (a, i) {
+      if (a.status !== "failed" || !a.exception) return;
+      var next = t.attempts[i + 1], key = logKey(t, a);
+      items.push('<li data-attempt="' + esc(key) + '" data-cause="' + esc(a.exception.cause || "") + '"><b>' +
+        esc(t.step + "/" + t.task_id) + (a.node !== null ? " node " + a.node : "") + " attempt " + a.attempt + "</b> " +
+        cause(a.exception) + (a.exception.cause ? ' <span class="dim">(' + esc(a.exception.type + ": " +
+        a.exception.message) + ")</span>" : "") + (next ? ' <span class="dim">→ retried: attempt ' + next.attempt + " " +
+        esc(next.status) + "</span>" : "") + ' <a href="#logs" data-log="' + esc(key) + '">log</a></li>');
+    }); });
+    $("failed-attempts").hidden = !items.length;
+    $("failed-list").innerHTML = items.join("");
   }
 
   function failedLog(d) {  // the failing task's log, else the newest running task's
@@ -153,10 +174,12 @@
       if (!named[k] || x.windows >= named[k].x.windows) named[k] = {s: s, x: x};
     }); }); });
     var keys = Object.keys(named);
-    box.hidden = !keys.length;
+    var idle = StokerGoodput.idle(ledger);  // the time ranks waited for the slow ones, when the ledger measured it
+    box.hidden = !keys.length && !idle.length;
     box.innerHTML = keys.map(function (k) { var n = named[k];
       return '<li data-straggler="' + esc(n.x.kind + " " + (n.x.kind === "node" ? n.x.node : n.x.rank)) + '">' +
-        esc(n.s.step + "/" + n.s.task_id + " attempt " + n.s.attempt + ": " + n.x.message) + "</li>"; }).join("");
+        esc(n.s.step + "/" + n.s.task_id + " attempt " + n.s.attempt + ": " + n.x.message) + "</li>"; }).join("") +
+      idle.map(function (x) { return '<li data-straggler-idle="' + esc(x.key) + '">' + esc(x.text) + "</li>"; }).join("");
   }
 
   function chartBox(parent, id) {
@@ -214,7 +237,18 @@
     getJSON(base + "/series/monitor").then(function (d) { series.monitor = d.series; drawMonitor(); });
   }
 
+  function loadGoodput() {
+    getJSON(base + "/goodput").then(function (d) {
+      ledger = d.goodput;
+      $("goodput").hidden = !d.goodput && !d.error;  // a run that trained nothing shows nothing
+      StokerGoodput.render($("goodput-body"), d);
+      $("goodput").dataset.loaded = "1";
+      drawStragglers();
+    });
+  }
+
   function loadExtras() {
+    loadGoodput();
     getJSON(base + "/cards").then(function (d) {
       $("cards-section").hidden = !d.cards.length;
       var box = $("cards"), have = {};
@@ -252,13 +286,14 @@
     $("log-filter").addEventListener("input", showLog);
     $("art-pick").addEventListener("change", loadArtifacts);
     $("xaxis").addEventListener("change", drawMetrics);
-    $("tasks").addEventListener("click", function (ev) {
-      var k = ev.target.dataset && ev.target.dataset.log; if (k) selectLog(k); });
+    ["tasks", "failed-list"].forEach(function (id) { $(id).addEventListener("click", function (ev) {
+      var k = ev.target.dataset && ev.target.dataset.log; if (k) selectLog(k); }); });
     setInterval(function () {
       if (lastStatus !== "running") return;  // a finished run no longer changes
       getJSON(base).then(function (d) {
         renderRun(d);
         loadSeries(); tailLog();
+        if (d.run.status === "running") loadGoodput();
         if (d.run.status !== "running") { lastStatus = d.run.status; loadExtras(); loadArtifacts();
           if (logSel) { logFinal = false; tailLog(); } }
       });
