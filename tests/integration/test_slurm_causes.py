@@ -40,7 +40,7 @@ def test_a_job_cancelled_from_outside_is_not_retried(tmp_path, slurm_cluster, mo
     assert proc.returncode == 1, out
     nap = Flow("SleepyFlow").latest_run["nap"].task
     assert len(list(nap.attempts)) == 1, out
-    assert nap.exception.cause == "cancelled" and "not asked by stoker" in nap.exception.evidence, nap.exception
+    assert nap.exception.cause == "cancelled" and "stoker did not ask for it" in nap.exception.evidence, nap.exception
     assert "not retried: it was cancelled" in out and "`resume` runs it again" in out, out
 
 

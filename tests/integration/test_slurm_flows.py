@@ -169,3 +169,18 @@ def test_resume_on_slurm_clones_what_succeeded(shared):
     reran = [r for r in jobs_of(second) if r["step"] == "work"]
     assert len(reran) == 1 and reran[0]["members"] == 1, "only the failed element was submitted again"
     assert not squeue()
+
+
+def test_the_guardian_gives_a_stopped_job_its_grace(shared, monkeypatch):
+    """The run process dies (SIGKILL); its guardian cancels the job gently and waits $STOKER_KILL_GRACE before the
+    hard cancel (issue 25: it came 17 ms after the gentle one). The step needs 8 s after SIGTERM, more than the
+    test cluster's KillWait (5 s), so only a waited grace lets it finish."""
+    marker = shared / "saved"
+    monkeypatch.setenv("GRACE_MARKER", str(marker))
+    monkeypatch.setenv("STOKER_KILL_GRACE", "30")
+    proc = _start(FLOWS / "graceful_flow.py", "--backend", "slurm", cwd=shared)
+    _wait_running(proc)
+    proc.kill()
+    proc.wait(timeout=10)
+    wait_for(lambda: not squeue(), 60, "the job to end")
+    assert marker.exists() and marker.read_text() == "saved"

@@ -148,7 +148,7 @@ CASES = [
      None, False, STOKER, "raised in stoker"),
     # cancelled
     ("scancel-outside", died("killed by signal SIGTERM"), st(-15, "cancelled (scancel)"), "", None, False, CANCELLED,
-     "not asked by stoker"),
+     "stoker did not ask for it"),
     ("stopped-by-stoker", died("killed by signal SIGTERM"), st(-15), "", "another task failed", False, CANCELLED,
      "another task failed"),
 ]

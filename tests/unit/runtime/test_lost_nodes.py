@@ -298,3 +298,16 @@ def test_the_gang_line_shows_the_lost_node():
     states = node_states(tasks, ref, JobStatus(RUNNING))
     assert states == ["killed", "lost"]
     assert GangView().line("j", "r/train", states) == "[r/train] gang 2 nodes: 0 killed, 1 lost"
+
+
+def test_a_node_silent_after_every_other_one_ended_well_is_left_to_the_engine():
+    """It may be saving large artifacts with the GIL held (its beat thread starved): not a loss by itself."""
+    store, (ref, tasks) = Store(), _gang()
+    w = _watch(store)
+    _beat(store, tasks[0], 0, 1, 100.0)
+    _beat(store, tasks[1], 1, 1, 100.0)
+    assert w.lost(ref, tasks, 1000.0) is None
+    _beat(store, tasks[1], 1, 2, 101.0, state="ended", code=0)
+    assert w.lost(ref, tasks, 1030.0) is None
+    _beat(store, tasks[1], 1, 3, 102.0, state="ended", code=1)  # had it failed, the silence would be a loss
+    assert w.lost(ref, tasks, 1031.0) is not None

@@ -187,7 +187,7 @@ def _stopped(f: _Facts) -> Cause | None:
         kind = NODE if re.search(r"\blost\b", f.stop) else CANCELLED  # e.g. "node 1 of its gang was lost"
         return cause(kind, f"stoker stopped it: {f.stop}", weak=True)
     if not f.stop and re.search(r"\bcancel", f.reason, _I):  # scancel, a Batch TerminateJob: a person's decision
-        return cause(CANCELLED, f"{f.reason}, not asked by stoker")
+        return cause(CANCELLED, f"the engine reports {f.reason}; stoker did not ask for it")
     return None
 
 

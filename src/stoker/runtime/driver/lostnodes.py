@@ -9,13 +9,14 @@ judges them by its own clock (when a beat last changed, not the time a node wrot
 driver that was paused is not misled).
 
 A node is lost when its beat has not changed for `$STOKER_HEARTBEAT_TIMEOUT` seconds (6, or 20 with an object store:
-runtime/member/heartbeat.py), it has not ended (no last beat, no manifest), and another node of the gang is alive or
-has ended: all nodes silent at once is the store or this host, not a node. When the others' own failures came after its
-last beat (they report the collective it left), two missed beats are enough. (A node that the engine stops because
-another failed, srun's --kill-on-bad-exit, gets SIGTERM first and writes its last beat.) Then the lost node's attempt
-fails with `NodeLost` naming it and its host, dated by its last beat so it is the gang's first failure; the job is
-cancelled at once and the gang ends now, not when the engine gives up on the host. When the engine ends the job first,
-a node silent for 10 s (or the timeout, if shorter) by then is named the same way.
+runtime/member/heartbeat.py), it has not ended (no last beat, no manifest), and another node of the gang is alive or has
+failed: all nodes silent at once is the store or this host, not a node, and a node silent after every other one ended
+well is left to the engine (it may be saving large artifacts with the GIL held, which starves its beat). When the
+others' own failures came after its last beat (they report the collective it left), two missed beats are enough. (A node
+that the engine stops because another failed, srun's --kill-on-bad-exit, gets SIGTERM first and writes its last beat.)
+Then the lost node's attempt fails with `NodeLost` naming it and its host, dated by its last beat so it is the gang's
+first failure; the job is cancelled at once and the gang ends now, not when the engine gives up on the host. When the
+engine ends the job first, a node silent for 10 s (or the timeout, if shorter) by then is named the same way.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class NodeWatch:
             # the others failed after its last beat: they report the collective it left, so two missed beats will do
             reported = any(d.get("code") and float(d.get("at") or 0) > last_at for j, d in ended.items() if j != i)
             quiet = now - s.changed > (min(limit, 2 * self.interval) if reported and threshold is None else limit)
-            others = (alive | set(ended)) - {i}
+            # evidence that the silence is a loss: a peer still beating (it waits for this one), or one that failed;
+            # peers that all ended well say nothing (this node may still be saving its artifacts, the GIL held)
+            others = (alive | {j for j, d in ended.items() if d.get("code")}) - {i}
             if not quiet or not others or t.stopping or t.state != "running" or t.job is not ref or self._ended(t):
                 continue
             return Lost(i, str(s.doc.get("host") or "?"), now - s.changed, last_at or now)

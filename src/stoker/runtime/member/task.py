@@ -165,8 +165,11 @@ def _run_step(ctx: TaskContext, hooks: TaskHooks, manifest: Manifest, call: Any,
         permanent, preempted = exit_code == EXIT_PERMANENT, exit_code == EXIT_PREEMPTED
         ctx.last_attempt = (spec.attempt + 1 >= spec.max_attempts or permanent) and not preempted
         message, trace = _exception_text(exc)
+        stopped = isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code > 128  # the engine's stop
         if (permanent or preempted) and isinstance(exc, StokerError):  # one line: what to fix, or an expected stop
             print(f"{type(exc).__name__}: {message}", file=sys.stderr)
+        elif stopped:
+            print(f"stoker: the step was stopped ({_signal_name(exc.code - 128)}, exit {exc.code})", file=sys.stderr)
         else:
             print(trace, end="", file=sys.stderr)  # traceback.print_exc(), redacted
         if hooks.exception(exc):  # the flow goes on
@@ -176,6 +179,13 @@ def _run_step(ctx: TaskContext, hooks: TaskHooks, manifest: Manifest, call: Any,
             flags.update(preempted=True, resume_step=getattr(exc, "step", None))
         manifest.exception = exception_record(type(exc).__name__, message, trace, **flags)
         return exit_code if permanent or preempted else 1
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _save_artifacts(ctx: TaskContext, manifest: Manifest, artifacts: dict[str, dict], parents: list[dict]) -> int:
