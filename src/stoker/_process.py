@@ -77,6 +77,7 @@ class Reaper:
     def __init__(self, grace: float) -> None:
         import subprocess
 
+        _reap_exited()
         self.proc = subprocess.Popen(_reaper_command(grace), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      start_new_session=True)
         _PARENT_ONLY_FDS.add(self.proc.stdin.fileno())  # type: ignore[union-attr]
@@ -93,14 +94,30 @@ class Reaper:
             pids, self._pending = self._pending, []
             self._say("".join(f"{p}\n" for p in pids))
 
-    def done(self) -> None:
-        """The run stopped its members itself: the reaper exits."""
+    def done(self, wait: bool = True) -> None:
+        """The run stopped its members itself: the reaper exits (`wait=False`: told, not waited for; `join`)."""
+        if self.proc.stdin.closed:  # type: ignore[union-attr]
+            return self.join() if wait else None
         self._pending = []
         self._say("done\n")
         _PARENT_ONLY_FDS.discard(self.proc.stdin.fileno())  # type: ignore[union-attr]
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
-            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - it exits on its own at EOF
+            pass
+        if wait:
+            self.join()
+        return None
+
+    def join(self, timeout: float = 5.0) -> None:
+        """Wait for it to exit; timeout 0: reap it if it has, else let it exit on its own (a short run's reaper may
+        still be starting: the run does not wait for it) and reap it later (the next reaper, or this process's
+        exit)."""
+        try:
+            if timeout > 0:
+                self.proc.wait(timeout=timeout)
+            elif self.proc.poll() is None:
+                _EXITING.append(self.proc)
         except Exception:  # noqa: BLE001 - it exits on its own at EOF
             pass
 
@@ -110,6 +127,16 @@ class Reaper:
             self.proc.stdin.flush()  # type: ignore[union-attr]
         except (OSError, ValueError):
             pass
+
+
+_EXITING: list = []  # reapers told "done" and not yet reaped (by the next reaper's start; at this process's exit, init)
+
+
+def _reap_exited() -> None:
+    for p in list(_EXITING):
+        if p.poll() is not None:
+            _EXITING.remove(p)
+
 
 
 def _reaper_command(grace: float) -> list[str]:

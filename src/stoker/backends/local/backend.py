@@ -249,6 +249,8 @@ class LocalBackend(InProcessBackend):
 
     def close(self) -> None:
         self._starting = []  # never forked: nothing to stop
+        if self.reaper is not None:
+            self.reaper.done(wait=False)  # it exits while the fork server does (waited for below)
         if self.server is not None:
             if self.server.fileno() in self.sel.get_map():
                 self.sel.unregister(self.server.fileno())
@@ -265,7 +267,7 @@ class LocalBackend(InProcessBackend):
             self._close(fd)
         self.sel.close()
         if self.reaper is not None:
-            self.reaper.done()
+            self.reaper.join(timeout=0)  # told "done" above: it exits by itself
             self.reaper = None
 
     def _open_results(self) -> None:

@@ -53,6 +53,18 @@ def available() -> bool:
     return hasattr(os, "fork") and hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET")
 
 
+_EXITING: list[int] = []  # servers that closed their socket as they exit, not yet reaped
+
+
+def _reap_exited() -> None:
+    for pid in list(_EXITING):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                _EXITING.remove(pid)
+        except ChildProcessError:
+            _EXITING.remove(pid)
+
+
 class ForkServer:
     """The scheduler's end: start members, collect their exit codes."""
 
@@ -60,6 +72,7 @@ class ForkServer:
                  preload: Callable[[], None] | None = None) -> None:
         """``preload``: run once in the server before it forks anything (the imports every member makes: made
         once, inherited by all, instead of once per member)."""
+        _reap_exited()
         req_a, req_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         rep_a, rep_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
@@ -166,8 +179,9 @@ class ForkServer:
             if self.alive:  # its report, then its end of file as it exits, wake this loop
                 select.select([self.rep], [], [], 0.05)
                 self.pump()
-            else:
-                time.sleep(0.001)
+            else:  # it reported and closed its socket: it is exiting; not waited for (reaped by the next server)
+                _EXITING.append(self.pid)
+                break
         else:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
