@@ -51,14 +51,15 @@ def test_a_killed_and_retried_training_step_is_accounted_for(tmp_path, nodes):
 
 
 @pytest.mark.aws
-def test_on_emulated_batch(batch_env, tmp_path):
+def test_on_emulated_batch(batch_env, tmp_path, monkeypatch):
     """The same on AWS Batch (emulated: tests/batch_emulator.py): a 2-node job, its nodes' ledgers and timings in the
     S3 store, the job records' submission and start times; the retry is a second job."""
     env = {**batch_env, "STOKER_METRICS_INTERVAL": "0.2"}
     p = run_flow("goodput_flow.py", "run", "--backend", "batch=train", "--data", str(tokens(tmp_path)), "--nodes", "2",
                  "--ckpt", str(tmp_path / "ckpt"), cwd=tmp_path, env=env, timeout=600)
     assert "killing the trainer" in p.stdout + p.stderr
-    os.environ.update(STOKER_HOME=batch_env["STOKER_HOME"], STOKER_STORE=batch_env["STOKER_STORE"])
+    monkeypatch.setenv("STOKER_HOME", batch_env["STOKER_HOME"])  # the client reads the run where the flow wrote it
+    monkeypatch.setenv("STOKER_STORE", batch_env["STOKER_STORE"])
     from stoker import Flow
 
     run = Flow("GoodputFlow").latest_run

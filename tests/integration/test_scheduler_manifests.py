@@ -65,7 +65,9 @@ def test_a_task_that_could_not_be_submitted_has_a_signed_failed_manifest(tmp_pat
     assert len(names) == 1, "the first refusal stops the run: the other tasks are never submitted"
     m = Manifest.from_dict(read_manifest_object(store, names[0]))  # its signature verified
     assert m.status == "failed" and m.artifacts == {} and m.finished_at >= m.started_at and m.attempt == 0
-    assert m.exception == {"type": "BackendError", "message": "the queue 'gpu' does not exist", "traceback": ""}
+    assert {k: m.exception[k] for k in ("type", "message", "traceback")} == {
+        "type": "BackendError", "message": "the queue 'gpu' does not exist", "traceback": ""}
+    assert m.exception["cause"] and "refused the submission" in m.exception["evidence"]  # issue 25's attribution
     assert m.foreach_stack[0]["step"] == "start" and m.logs["stderr"] == names[0].replace("manifest.json", "stderr.log")
 
 
