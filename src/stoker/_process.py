@@ -77,7 +77,6 @@ class Reaper:
     def __init__(self, grace: float) -> None:
         import subprocess
 
-        _reap_exited()
         self.proc = subprocess.Popen(_reaper_command(grace), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      start_new_session=True)
         _PARENT_ONLY_FDS.add(self.proc.stdin.fileno())  # type: ignore[union-attr]
@@ -110,14 +109,15 @@ class Reaper:
         return None
 
     def join(self, timeout: float = 5.0) -> None:
-        """Wait for it to exit; timeout 0: reap it if it has, else let it exit on its own (a short run's reaper may
-        still be starting: the run does not wait for it) and reap it later (the next reaper, or this process's
-        exit)."""
+        """Wait for it to exit; timeout 0: do not wait (a short run's reaper may still be starting), reap it on a
+        daemon thread (no zombie is left in a process that goes on)."""
         try:
             if timeout > 0:
                 self.proc.wait(timeout=timeout)
             elif self.proc.poll() is None:
-                _EXITING.append(self.proc)
+                import threading
+
+                threading.Thread(target=self.proc.wait, name="reap-reaper", daemon=True).start()
         except Exception:  # noqa: BLE001 - it exits on its own at EOF
             pass
 
@@ -127,16 +127,6 @@ class Reaper:
             self.proc.stdin.flush()  # type: ignore[union-attr]
         except (OSError, ValueError):
             pass
-
-
-_EXITING: list = []  # reapers told "done" and not yet reaped (by the next reaper's start; at this process's exit, init)
-
-
-def _reap_exited() -> None:
-    for p in list(_EXITING):
-        if p.poll() is not None:
-            _EXITING.remove(p)
-
 
 
 def _reaper_command(grace: float) -> list[str]:

@@ -79,6 +79,8 @@ class LocalBackend(InProcessBackend):
         self.results: socket.socket | None = None  # forked members hand their manifests over on it (handover.py)
         self.results_fd = -1  # its members' end
         self.handed_over: dict[int, bytes] = {}  # member pid -> the manifest it handed over, until asked for
+        self.succeeded: set[int] = set()  # members that handed over a success: done, though still exiting
+        self.lingering: list[tuple[_Job, int]] = []  # such members, until they exit (then reaped: _sweep)
         self._starting: list[tuple[_Job, dict, dict[str, str]]] = []  # submitted, forked at the next _start()
         self._owner: dict[int, tuple[_Job, int]] = {}  # a watched pipe or pidfd -> its member (job, index)
 
@@ -172,6 +174,8 @@ class LocalBackend(InProcessBackend):
 
     def poll(self, refs: list[JobRef]) -> dict[str, JobStatus]:
         self._start()
+        if self.lingering:
+            self._sweep()
         out: dict[str, JobStatus] = {}
         now = time.time()
         for ref in refs:
@@ -180,15 +184,19 @@ class LocalBackend(InProcessBackend):
                 continue
             if job.kill_at is not None and now >= job.kill_at:
                 for m in job.members:
-                    if m.poll() is None:
+                    if m.poll() is None and not m.early:
                         m.signal(signal.SIGKILL)
             members: dict[int, JobStatus] = {}
             for i, m in enumerate(job.members):
                 code = m.poll()
+                if code is None and (m.early or m.pid in self.succeeded):
+                    if not m.early:
+                        self._let_go(job, i)
+                    code = 0  # its manifest, stored, says ok: what follows need not wait for its exit
                 if code is None:
                     members[i] = JobStatus(RUNNING, started_at=m.started)
                     continue
-                if not m.reaped:
+                if not m.reaped and not m.early:
                     m.signal(signal.SIGKILL, tree=False)  # stragglers left in its process group
                     self._drain(job, i)
                     m.reaped = True
@@ -201,12 +209,44 @@ class LocalBackend(InProcessBackend):
                 del self.jobs[ref.job_id]
         return out
 
+    def _let_go(self, job: _Job, i: int) -> None:
+        """Member i handed over a success and now only cleans up and exits: take what it printed (it flushed its
+        output before handing over, so all of it is in its pipes) and reap it once it has exited (_sweep)."""
+        m = job.members[i]
+        self.succeeded.discard(m.pid)
+        m.early = True
+        for fd, stream in zip(m.fds, ("stdout", "stderr"), strict=False):
+            while self._owns(fd, job, i):
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._close(fd)
+                    break
+                m.keep(stream, data)
+                self._sink(job.ref, i, stream, data)
+        self.lingering.append((job, i))
+
+    def _sweep(self) -> None:
+        """Reap the members let go early that have exited (stragglers left in their process group killed)."""
+        for job, i in list(self.lingering):
+            m = job.members[i]
+            if m.poll() is None:
+                continue
+            self.lingering.remove((job, i))
+            m.signal(signal.SIGKILL, tree=False)
+            self._drain(job, i)
+            m.reaped = True
+
     def handed(self, ref: JobRef, member: int) -> bytes | None:
         self._start()
         job_pids = (ref.extra or {}).get("pids") or []
         if member >= len(job_pids) or self.results is None:
             return None
-        handover.receive(self.results, self.handed_over)  # sent before the member exited: it is there by now
+        handover.receive(self.results, self.handed_over, self.succeeded)  # sent before the member exited
         return self.handed_over.pop(job_pids[member], None)
 
     def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
@@ -216,7 +256,7 @@ class LocalBackend(InProcessBackend):
         if job is None or (job.kill_at is not None and grace > 0):
             return
         for m in job.members if member is None else job.members[member:member + 1]:
-            if m.poll() is None:
+            if m.poll() is None and not m.early:  # (one let go early has succeeded: it is only exiting)
                 m.signal(signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         job.kill_at = time.time() + max(0.0, grace)
 
@@ -236,7 +276,7 @@ class LocalBackend(InProcessBackend):
         for key, _ in self.sel.select(timeout):
             job, i, stream = key.data
             if stream == "result":  # finished members' manifests: the scheduler asks for them (handed())
-                handover.receive(self.results, self.handed_over)  # type: ignore[arg-type]
+                handover.receive(self.results, self.handed_over, self.succeeded)  # type: ignore[arg-type]
             elif stream == "server":  # members' exit codes: poll() collects them
                 self.server.pump()  # type: ignore[union-attr]
                 if not self.server.alive:  # type: ignore[union-attr]
@@ -249,6 +289,7 @@ class LocalBackend(InProcessBackend):
 
     def close(self) -> None:
         self._starting = []  # never forked: nothing to stop
+        self._let_exit(5.0)
         if self.reaper is not None:
             self.reaper.done(wait=False)  # it exits while the fork server does (waited for below)
         if self.server is not None:
@@ -269,6 +310,17 @@ class LocalBackend(InProcessBackend):
         if self.reaper is not None:
             self.reaper.join(timeout=0)  # told "done" above: it exits by itself
             self.reaper = None
+
+    def _let_exit(self, timeout: float) -> None:
+        """Wait for the members let go early to exit (they are cleaning up: their temp folders), then stop any
+        that did not within `timeout`."""
+        deadline = time.time() + timeout
+        while self.lingering and time.time() < deadline:
+            self.wait(0.05, self._sink)  # their exits (the fork server's reports, pidfds) wake it
+            self._sweep()
+        for job, i in self.lingering:
+            job.members[i].signal(signal.SIGKILL)
+        self.lingering = []
 
     def _open_results(self) -> None:
         """The socket forked members hand their manifests over on: made before the fork server, which inherits

@@ -30,6 +30,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -53,16 +54,16 @@ def available() -> bool:
     return hasattr(os, "fork") and hasattr(socket, "send_fds") and hasattr(socket, "SOCK_SEQPACKET")
 
 
-_EXITING: list[int] = []  # servers that closed their socket as they exit, not yet reaped
-
-
-def _reap_exited() -> None:
-    for pid in list(_EXITING):
+def reap_later(pid: int) -> None:
+    """Reap child `pid`, which is exiting, on a short-lived daemon thread: the caller does not wait for it, and
+    no zombie is left in a process that goes on (a run started from Python)."""
+    def reap() -> None:
         try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                _EXITING.remove(pid)
+            os.waitpid(pid, 0)
         except ChildProcessError:
-            _EXITING.remove(pid)
+            pass
+
+    threading.Thread(target=reap, name=f"reap-{pid}", daemon=True).start()
 
 
 class ForkServer:
@@ -72,7 +73,6 @@ class ForkServer:
                  preload: Callable[[], None] | None = None) -> None:
         """``preload``: run once in the server before it forks anything (the imports every member makes: made
         once, inherited by all, instead of once per member)."""
-        _reap_exited()
         req_a, req_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         rep_a, rep_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
@@ -179,8 +179,8 @@ class ForkServer:
             if self.alive:  # its report, then its end of file as it exits, wake this loop
                 select.select([self.rep], [], [], 0.05)
                 self.pump()
-            else:  # it reported and closed its socket: it is exiting; not waited for (reaped by the next server)
-                _EXITING.append(self.pid)
+            else:  # it reported and closed its socket: it is exiting; reaped in the background, not waited for
+                reap_later(self.pid)
                 break
         else:
             os.kill(self.pid, signal.SIGKILL)

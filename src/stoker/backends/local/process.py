@@ -47,6 +47,7 @@ class Member:
         self.started = time.time()
         self.code: int | None = None
         self.reaped = False
+        self.early = False  # reported done when it handed over a success, before it exited (LocalBackend._let_go)
         self.tail = {"stdout": bytearray(), "stderr": bytearray()}
 
     def keep(self, stream: str, data: bytes) -> None:

@@ -41,15 +41,17 @@ def claim() -> None:
     _mine[0], _offered[0] = _offered[0], -1
 
 
-def hand_over(data: bytes) -> bool:
+def hand_over(data: bytes, ok: bool = False) -> bool:
     """Send this member's stored manifest ``data`` to its scheduler; False when it could not (no channel, too
-    large, the socket full): the scheduler then reads the manifest from the store."""
+    large, the socket full): the scheduler then reads the manifest from the store. ``ok``: the attempt succeeded
+    and nothing this process does from now on can change that (it only cleans up and exits): the scheduler may
+    start what follows without waiting for the exit."""
     fd = _mine[0]
     if fd < 0 or len(data) > MAX_PACKET:
         return False
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)
     try:
-        sock.send(b"%d\n" % os.getpid() + data, socket.MSG_DONTWAIT)
+        sock.send(b"%d%s\n" % (os.getpid(), b"+" if ok else b"") + data, socket.MSG_DONTWAIT)
         return True
     except OSError:
         return False
@@ -57,8 +59,9 @@ def hand_over(data: bytes) -> bool:
         sock.detach()  # the fd stays open: closing it is the process's exit
 
 
-def receive(sock: socket.socket, into: dict[int, bytes]) -> None:
-    """Read every packet waiting on the scheduler's end into ``into`` (member pid -> manifest bytes)."""
+def receive(sock: socket.socket, into: dict[int, bytes], ok: set[int] | None = None) -> None:
+    """Read every packet waiting on the scheduler's end into ``into`` (member pid -> manifest bytes); the pids of
+    members that handed over a success (see :func:`hand_over`) into ``ok``."""
     while True:
         try:
             packet = sock.recv(MAX_PACKET + 32)
@@ -69,5 +72,9 @@ def receive(sock: socket.socket, into: dict[int, bytes]) -> None:
         if not packet:
             return
         pid, _, data = packet.partition(b"\n")
+        succeeded = pid.endswith(b"+")
+        pid = pid.rstrip(b"+")
         if pid.isdigit():
             into[int(pid)] = data
+            if succeeded and ok is not None:
+                ok.add(int(pid))

@@ -102,7 +102,8 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     hooks.finished()  # never raises; also on failure
     sys.stdout.flush()
     sys.stderr.flush()
-    hand_over(seal(store.url, store_manifest(store, manifest)[1]))  # stored first: the store is the truth
+    sealed = seal(store.url, store_manifest(store, manifest)[1])  # stored first: the store is the truth
+    hand_over(sealed, ok=code == 0)  # a success: the scheduler may go on while this process exits
     shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
     if term_cleanup:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
