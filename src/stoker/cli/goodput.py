@@ -11,12 +11,9 @@ import argparse
 import json
 from typing import Any
 
+from stoker.client.goodput import LABELS
 from stoker.errors import ConfigError
 from stoker.store.checkpoint_advice import advice_line
-
-LABELS = {"retry_wait": "retry wait", "queue": "queue", "startup": "start-up", "checkpoint_load": "checkpoint load",
-          "productive": "productive", "straggler_idle": "straggler idle", "eval": "evaluation",
-          "checkpoint_save": "checkpoint save", "lost": "lost work", "shutdown": "shutdown", "other": "other"}
 
 
 def run_ledger(store: Any, flow: str, run_id: str) -> dict[str, Any]:

@@ -33,6 +33,10 @@ CATEGORIES = ("retry_wait", "queue", "startup", "checkpoint_load", "productive",
 PAID_EXCLUDES = ("retry_wait", "queue")  # no node is held then
 JOBS = "jobs/"  # the scheduler's job records under the run's prefix (runtime/driver/jobs.py: jobs_prefix)
 Price = Callable[[str], "float | None"]  # instance type -> USD per node-hour (backends/aws/instances.price_per_hour)
+# the categories' names as `stoker goodput` and the UI show them
+LABELS = {"retry_wait": "retry wait", "queue": "queue", "startup": "start-up", "checkpoint_load": "checkpoint load",
+          "productive": "productive", "straggler_idle": "straggler idle", "eval": "evaluation",
+          "checkpoint_save": "checkpoint save", "lost": "lost work", "shutdown": "shutdown", "other": "other"}
 
 
 def _listing(store: BlobStore, flow: str, run_id: str) -> tuple[list[str], list[str], set[tuple[str, str, int]]]:

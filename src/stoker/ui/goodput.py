@@ -11,13 +11,10 @@ import threading
 import time
 from typing import Any
 
+from stoker.client.goodput import LABELS
 from stoker.runtime.driver.causes import LABELS as CAUSE_LABELS
 from stoker.store.blobs import BlobStore
 
-# the categories' names as `stoker goodput` prints them (stoker.cli.goodput.LABELS; the UI sits below the CLI)
-LABELS = {"retry_wait": "retry wait", "queue": "queue", "startup": "start-up", "checkpoint_load": "checkpoint load",
-          "productive": "productive", "straggler_idle": "straggler idle", "eval": "evaluation",
-          "checkpoint_save": "checkpoint save", "lost": "lost work", "shutdown": "shutdown", "other": "other"}
 LIVE_TTL_S = 3.0  # a running run's ledger is recomputed at most this often
 MAX_KEPT = 64  # finished runs' ledgers kept
 
