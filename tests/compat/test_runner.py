@@ -171,8 +171,12 @@ def test_runner_argument_errors(each, request):
                   "broken": [broken[0], broken[1].startswith("Error executing:"),
                              "this flow is broken on demand" in broken[1]]}
     ''')
+    # whether Metaflow's message already holds the flow's output races with its log reader under load (seen
+    # once in a full CI run), so both engines are compared without it and stoker alone must carry the output
+    carried = {name: value["broken"].pop() for name, value in got.items()}
     compare(request, "errors of bad arguments and of a broken flow process", got,
-            {"unknown": ["ValueError", True], "wrong": ["TypeError", True], "broken": ["RuntimeError", True, True]})
+            {"unknown": ["ValueError", True], "wrong": ["TypeError", True], "broken": ["RuntimeError", True]})
+    assert carried["stoker"], "stoker's RuntimeError lacks the broken flow's output"
 
 
 NB_SCRIPT = '''

@@ -160,6 +160,7 @@ class TorchrunHelper:
     log_dir: str | None = None  # torchrun's own log folder: under the task's tempdir, removed with it
     stage_flags: list[str] | dict[str, str] | None = None  # @torchrun(stage=...): inputs to copy to the node
     staged: list[Any] = field(default_factory=list)  # what was staged on this node (distributed.stage.Staged)
+    gang: Any = None  # a gang with spares: its GangLink (distributed/generations.py), else None
 
     @classmethod
     def from_settings(cls, attrs: Mapping[str, Any], par: ParallelInfo, resources: Mapping[str, Any],
@@ -179,7 +180,8 @@ class TorchrunHelper:
                    store_url=current.get("store_url"),
                    neuron_cache=attrs.get("neuron_cache", neuron_cache.DEFAULT_PREFIX) or None,
                    precompile=attrs.get("precompile") or False, stage_flags=attrs.get("stage") or None,
-                   log_dir=os.path.join(current.get("tempdir"), "torchrun") if current.get("tempdir") else None)
+                   log_dir=os.path.join(current.get("tempdir"), "torchrun") if current.get("tempdir") else None,
+                   gang=_gang_link(par, port))
 
     @property
     def request(self) -> dict[str, Any]:
@@ -292,15 +294,24 @@ class TorchrunHelper:
             sync("fetch")
         from stoker.distributed.preflight import gate
 
-        with timed_phase("preflight"):
-            gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
+        if self.gang is not None and self.gang.joining():
+            print("torchrun: preflight skipped: this spare joins a running gang (its checks would wait for the "
+                  "others' all_reduce)", flush=True)
+        else:
+            with timed_phase("preflight"):
+                gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
         try:
             if pre:
                 with timed_phase("precompile"):
                     self._precompile(entrypoint, args, module, n, child_env, pre)
                 if sync:
                     sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
-            self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
+            if self.gang is not None:  # a gang with spares: one torchrun per generation (distributed/generations.py)
+                from stoker.distributed.generations import run_generations
+
+                run_generations(self, self.gang, lambda: self.command(entrypoint, args, module, n), child_env)
+            else:
+                self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
         finally:
             if sync:
                 sync("upload")
@@ -349,12 +360,14 @@ class TorchrunHelper:
 
         return sync
 
-    def _spawn(self, cmd: list[str], env: Mapping[str, str], what: str) -> None:
+    def _spawn(self, cmd: list[str], env: Mapping[str, str], what: str,
+               cut_when: Callable[[], bool] | None = None) -> None:
         """Run torchrun and wait for it. A SIGTERM to this task (a preemption, a cancel) reaches the workers
         (stoker.train finishes its step, checkpoints and exits with 75) and torchrun is given
         $STOKER_KILL_GRACE seconds to end before it is killed. The workers' exit codes come back through
         $STOKER_EXIT_STATUS_DIR (torchrun itself exits 1 whatever they were): Preempted or a permanent
-        ConfigError is raised for the scheduler to act on."""
+        ConfigError is raised for the scheduler to act on. `cut_when`, asked every half second, ends torchrun and its
+        workers at once when it says so (a gang with spares moved to its next generation): GenerationCut is raised."""
         status_dir = tempfile.mkdtemp(prefix="exit-", dir=current.get("tempdir") or None)
         env = {**env, exitstatus.ENV: status_dir}
         print(f"stoker: node {self.node_rank} runs: {redact_command(cmd)}", flush=True)  # the error only names it
@@ -364,7 +377,7 @@ class TorchrunHelper:
         report = TorchrunStderr(proc.stderr)  # type: ignore[arg-type]  # its end-of-workers report: see finish()
         term = _ForwardSigterm(proc)
         try:
-            rc = term.wait(grace + 5)
+            rc = term.wait(grace + 5, cut_when)
         except BaseException:
             proc.terminate()
             try:
@@ -375,6 +388,10 @@ class TorchrunHelper:
             raise
         finally:
             term.restore()
+        if term.cut:  # its collectives lost a peer: what its workers said is not this node's failure
+            report.finish(True, self.node_rank)
+            shutil.rmtree(status_dir, ignore_errors=True)
+            raise GenerationCut(f"{what} on node {self.node_rank} ended for the gang's next generation")
         report.finish(rc != 0 and preempted(status_dir), self.node_rank, succeeded=rc == 0)  # no tracebacks then
         try:
             if rc != 0:
@@ -385,6 +402,19 @@ class TorchrunHelper:
             shutil.rmtree(status_dir, ignore_errors=True)
         if term.hit:  # asked to stop, and the workers finished anyway: stop as asked
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _gang_link(par: ParallelInfo, port: Any) -> Any:
+    """The link to its gang's generations of a node of a gang with spares (distributed/generations.py), else None."""
+    if not getattr(par, "spares", 0):
+        return None
+    from stoker.distributed.generations import GangLink
+
+    return GangLink.for_task(par, int(port))
+
+
+class GenerationCut(StokerError):
+    """torchrun was ended because its gang moved to a new generation (a node was replaced by a spare)."""
 
 
 def _short(cmd: list[str]) -> str:
@@ -406,7 +436,7 @@ class _ForwardSigterm:
     would cut its own shutdown short). After `grace` seconds torchrun and its workers are killed."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.hit, self.deadline = proc, False, None
+        self.proc, self.hit, self.deadline, self.cut = proc, False, None, False
         self.installed = threading.current_thread() is threading.main_thread()
         self.old = signal.signal(signal.SIGTERM, self._on_term) if self.installed else None
 
@@ -427,13 +457,16 @@ class _ForwardSigterm:
                 except psutil.Error:
                     pass
 
-    def wait(self, grace: float) -> int:
+    def wait(self, grace: float, cut_when: Callable[[], bool] | None = None) -> int:
         self.grace = grace
         while True:
             try:
                 return self.proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                if self.deadline is not None and time.monotonic() > self.deadline:
+                over = self.deadline is not None and time.monotonic() > self.deadline
+                if not over and not self.cut and cut_when is not None and cut_when():
+                    self.cut = over = True
+                if over:
                     signal_tree(self.proc.pid, signal.SIGKILL, tree=True)
                     self.proc.kill()
 

@@ -19,6 +19,9 @@ class TorchrunDecorator(ParallelDecorator):
     name = "torchrun"
     defaults = {"nproc_per_node": None, "master_port": None, "all_nodes_started_timeout": 600,
                 "rdzv_timeout": None, "max_restarts": 0, "tee": True,
+                # hot spares: members started beside the gang's nodes that wait warm and take a lost node's place
+                # inside the same allocation (distributed/gangboard.py)
+                "spares": 0,
                 # Neuron: the compile cache's prefix in the store (None: not kept), and a neuron_parallel_compile
                 # pass before the run (True, or a dict of flags to change for it, e.g. {"steps_this_run": 2})
                 "neuron_cache": "neuron-cache/", "precompile": False,
@@ -38,6 +41,17 @@ class TorchrunDecorator(ParallelDecorator):
 
         problem = nproc_problem(int(n), step_request(resources, options))
         return f"@torchrun(nproc_per_node={n}): {problem}" if problem else None
+
+
+def gang_spares(func: Any) -> int:
+    """The hot spares a @torchrun step asks for (`@torchrun(spares=k)`), else 0."""
+    own = next((d for d in getattr(func, "decorators", []) if isinstance(d, TorchrunDecorator)), None)
+    n = (own.attributes.get("spares") if own else 0) or 0
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        from stoker.errors import ConfigError
+
+        raise ConfigError(f"@torchrun(spares={n!r}): give the number of spare nodes, an int of 0 or more")
+    return n
 
 
 def helper_for(func: Any, par: Any) -> Any:

@@ -23,6 +23,8 @@ class ParallelInfo:
     node_index: int = 0
     control_task_id: str | None = None
     port: int | None = None
+    member: int | None = None  # with spares (@torchrun(spares=k)): the engine member that runs this node now
+    spares: int = 0  # the gang's hot spares
 
 
 def _task_value(name: str, doc: str) -> property:

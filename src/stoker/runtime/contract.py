@@ -64,6 +64,13 @@ class Unit:
     flow_path: str = ""  # the flow file inside the code package
     throttle: int | None = None  # an array: at most this many members run at once
     exclude_hosts: list[str] = field(default_factory=list)  # hosts that failed this run twice (engines that can avoid)
+    spares: int = 0  # a gang's hot spares (@torchrun(spares=k)): the engine starts size + spares members
+    first_slots: list[int] = field(default_factory=list)  # a gang with spares: generation 0's member of each node
+
+    @property
+    def nodes(self) -> int:
+        """How many members the engine starts: the gang's nodes and its spares (distributed/gangboard.py)."""
+        return len(self.specs) + self.spares
 
     @property
     def size(self) -> int:
@@ -83,6 +90,8 @@ class Unit:
         """The unit spec blob a remote member reads: its own spec is `specs[member]`."""
         doc = {"kind": self.kind, "flow_path": self.flow_path, "specs": [json.loads(s.to_json()) for s in self.specs],
                "resources": self.resources, "options": self.options}
+        if self.spares:
+            doc.update(spares=self.spares, first_slots=self.first_slots)
         return json.dumps(doc, sort_keys=True).encode()
 
     def node_command(self, python: str | None = None, module: str = "stoker.runtime.node") -> list[str]:
@@ -152,6 +161,9 @@ class Backend(ABC):
     arrays = False  # accepts units of kind "array"
     persist_refs = True  # job refs outlive the scheduler (a crashed `run` must be able to cancel them)
     poll_interval = 1.0  # the least seconds between two poll() calls
+    # a gang with spares: the engine's main node (member 0) starts as a spare, kept for last, because its exit ends
+    # the whole job (AWS Batch); elsewhere members 0..N-1 run the nodes and the spares are the members after them
+    main_node_spare = False
 
     def capabilities(self) -> Capabilities:
         return Capabilities()

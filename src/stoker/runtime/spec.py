@@ -32,24 +32,33 @@ class GangSlot:
     node_index: int  # this node, from 0 (the main node)
     port: int | None = None  # the rendezvous port, once the node has started
     control_task_id: str | None = None  # the task id of node 0
+    member: int | None = None  # the engine member running this node, when the gang has spares (else its index)
+    spares: int = 0  # the gang's hot spares (@torchrun(spares=k)): members beyond num_nodes that wait warm
 
     @classmethod
     def gang(cls, n: int, control_task_id: str) -> list[GangSlot]:
         """The slots of a gang of `n` nodes whose node 0 is task `control_task_id`."""
         return [cls(num_nodes=n, node_index=i, control_task_id=control_task_id) for i in range(n)]
 
+    def with_spares(self, spares: int, member: int) -> GangSlot:
+        """This slot in a gang with `spares` hot spares, run by engine member `member` (distributed/gangboard.py)."""
+        return replace(self, spares=spares, member=member)
+
     def started(self, main_ip: str, port: int | None, num_nodes: int) -> GangSlot:
         """This slot on a node that has started: what its engine says of the gang."""
         return replace(self, main_ip=main_ip, port=port, num_nodes=num_nodes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"main_ip": self.main_ip, "num_nodes": self.num_nodes, "node_index": self.node_index,
-                "port": self.port, "control_task_id": self.control_task_id}
+        d = {"main_ip": self.main_ip, "num_nodes": self.num_nodes, "node_index": self.node_index,
+             "port": self.port, "control_task_id": self.control_task_id}
+        if self.spares:  # only a gang with spares has more than these (older readers see what they know)
+            d.update(member=self.member, spares=self.spares)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GangSlot:
         return cls(main_ip=d.get("main_ip"), num_nodes=d["num_nodes"], node_index=d["node_index"], port=d.get("port"),
-                   control_task_id=d.get("control_task_id"))
+                   control_task_id=d.get("control_task_id"), member=d.get("member"), spares=int(d.get("spares") or 0))
 
 
 @dataclass(kw_only=True)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from stoker._process import _PARENT_ONLY_FDS, Reaper, kill_grace
 from stoker.backends.local import forkserver
 from stoker.backends.local.process import Member, fork_child, fork_member, server_members, spawn_member
+from stoker.errors import ConfigError
 from stoker.runtime.contract import (
     EXITED,
     RUNNING,
@@ -111,7 +112,8 @@ class LocalBackend(InProcessBackend):
 
     # -- the contract ---------------------------------------------------------------------------------
     def materialize(self, unit: Unit) -> Request:
-        lines = [f"# {unit.label}: {unit.size} local process(es), {self.mode}"]
+        lines = [f"# {unit.label}: {unit.size} local process(es), {self.mode}"
+                 + (f", and {unit.spares} spare(s) waiting to take a lost node's place" if unit.spares else "")]
         for i, spec in enumerate(unit.specs):
             env = {**unit.env, **self._member_env(unit, i, port=None)}
             lines.append(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
@@ -120,7 +122,7 @@ class LocalBackend(InProcessBackend):
         return Request(self.name, unit, "\n".join(lines) + "\n")
 
     def _member_env(self, unit: Unit, i: int, port: int | None) -> dict[str, str]:
-        env = {"STOKER_MEMBER": str(i), "STOKER_NUM_NODES": str(unit.size if unit.kind == "gang" else 1),
+        env = {"STOKER_MEMBER": str(i), "STOKER_NUM_NODES": str(unit.nodes if unit.kind == "gang" else 1),
                "STOKER_MAIN_ADDR": "127.0.0.1"}
         if port is not None:
             env["STOKER_MAIN_PORT"] = str(port)
@@ -130,15 +132,20 @@ class LocalBackend(InProcessBackend):
         unit = request.unit
         port = free_port() if unit.kind == "gang" else None  # fresh per attempt: stragglers may hold the last
         doc = {"kind": unit.kind, "specs": list(unit.specs)}  # the specs themselves: no JSON on this machine
+        if unit.spares:  # a gang with hot spares: its spares are members too (runtime/member/standby.py)
+            if self.mode == "subprocess":
+                raise ConfigError("@torchrun(spares=...) runs local spares as forked processes: unset "
+                                  "STOKER_TASK_LAUNCH=subprocess, or drop spares")
+            doc.update(spares=unit.spares, first_slots=unit.first_slots)
         if self.results is None and self.mode != "subprocess" and self.entry is not None:
             self._open_results()
         if self.reaper is None:
             self.reaper = Reaper(kill_grace())
-        ref = JobRef(self.name, f"local-{next(self._ids)}", members=unit.size, kind=unit.kind, step=unit.step,
+        ref = JobRef(self.name, f"local-{next(self._ids)}", members=unit.nodes, kind=unit.kind, step=unit.step,
                      task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt, extra={"pids": []})
         job = _Job(ref, [])
         self.jobs[ref.job_id] = job
-        envs = [{**unit.env, **self._member_env(unit, i, port)} for i in range(unit.size)]
+        envs = [{**unit.env, **self._member_env(unit, i, port)} for i in range(unit.nodes)]
         if self.mode == "forkserver" and self.entry is not None:  # forked with the rest of this pass's (_start)
             self._starting += [(job, doc, env) for env in envs]
             return ref

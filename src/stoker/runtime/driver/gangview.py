@@ -29,7 +29,7 @@ def node_states(tasks: list[Any], ref: Any, status: Any) -> list[str]:
         elif t.stopping:
             out.append("stopping")
         else:
-            s = status.member(i)
+            s = status.member(t.member)
             queued = s.state == "queued" and not s.started_at
             out.append(("queued" + (f" ({s.reason})" if s.reason else "")) if queued else "running")
     return out

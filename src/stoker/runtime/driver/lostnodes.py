@@ -105,6 +105,9 @@ class NodeWatch:
                     doc = json.loads(data)
                 except ValueError:
                     doc = {}
+                if "member" in doc and doc["member"] != t.member:  # a gang with spares: a replaced member's beats
+                    seen.pop(i, None)
+                    continue
                 seen[i] = _Seen(data, now, doc)
         self.checked[ref.job_id] = now
         return seen

@@ -29,6 +29,8 @@ from stoker.runtime.driver.fallback import crash_note, died_how, fallback_note
 from stoker.runtime.driver.gangview import node_states
 from stoker.runtime.driver.jobs import build_unit, job_record_name, kill_request_name, node_need
 from stoker.runtime.driver.lostnodes import NodeWatch, gang_failed, watch_gang
+from stoker.features.torchrun import gang_spares
+from stoker.runtime.driver.spares import Spares
 from stoker.runtime.driver.output import Display, TaskOutput, private_log_root, store_logs
 from stoker.runtime.driver.queue import Task, TaskIndex
 from stoker.runtime.driver.resources import ResourcePool  # this machine's capacity (not the decorator's module)
@@ -85,6 +87,8 @@ class Scheduler:
         self.failures: list[str] = []
         self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
         self.watch = NodeWatch(self.store, self.flow, self.run_id)  # remote gangs' heartbeats
+        self.spares = Spares(self.store, self.flow, self.run_id,
+                             lambda text, style: self.display.info(text, style=style))  # gangs with hot spares
         self.causes = Attribution(self.store, self.flow_cls, self.graph)  # why each attempt failed; what it means
         self.failed = False
         self.interrupted = False
@@ -189,10 +193,12 @@ class Scheduler:
             self._index_ops.append(("register", dict(flow=self.flow, run_id=self.run_id, step=t.step,
                                                      task_id=t.task_id, attempt=t.attempt, started_at=now,
                                                      user=self.user, hostname=host)))
+        if unit.spares:
+            self.spares.track(ref, unit, backend.remote)
         for i, t in enumerate(tasks):
             log_dir = os.path.join(self.log_root, self.flow, self.run_id, t.step, f"{t.task_id}.{t.attempt}")
             t.output = TaskOutput(log_dir, self._prefix(t), lazy=True)  # created by the first output
-            t.job, t.member, t.backend = ref, i, backend
+            t.job, t.member, t.backend = ref, unit.first_slots[i] if unit.spares else i, backend
             t.state, t.started, t.deadline, t.stopping, t.stop_reason = "running", 0.0, None, False, None
             self.display.count("running")
         if backend.remote:
@@ -207,6 +213,8 @@ class Scheduler:
         unit = build_unit(self.flow_cls, backend, kind, [self._spec(t) for t in tasks], self.store.url,
                           throttle=self.max_workers if kind == "array" else None)
         self.causes.exclude(unit, backend)  # off the hosts that failed twice, where the engine can choose
+        if kind == "gang" and (spares := gang_spares(getattr(self.flow_cls, tasks[0].step))):
+            self.spares.prepare(unit, spares, backend.main_node_spare)  # N + k members, generation 0 posted
         if backend.remote:
             if self.ctx.package is None:
                 self.ctx.package = stage_package(self.store, self.ctx.flow_file)
@@ -341,6 +349,8 @@ class Scheduler:
     def _sink(self, ref: JobRef, member: int, stream: str, data: bytes) -> None:
         _, tasks = self.live.get((ref.backend, ref.job_id), (None, []))
         t = tasks[member] if member < len(tasks) else None
+        if t is None or t.member != member:  # a gang with spares: the member runs another node, or none
+            t = next((g for g in tasks if g.member == member), None)
         if t is not None and t.output and t.state == "running" and t.job is ref:
             for line in t.output.feed(stream, data):
                 self.display.line(t.step, self._prefix(t), line, stream)
@@ -386,13 +396,15 @@ class Scheduler:
                 return
             status = JobStatus(EXITED, exit_code=-9, reason=f"the {b.name} engine lost job {ref.job_id}")
         self.unseen.pop(key, None)
+        if ref.job_id in self.spares.gangs:  # a gang with spares: a lost node's slot goes to a spare
+            self.spares.check(self, ref, tasks, status, self.watch, now)
         if ref.kind == "gang" and b.remote:  # a node whose heartbeat stopped: its gang is stopped now
             watch_gang(self, ref, tasks, status, now)  # (runtime/driver/lostnodes.py)
         mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a later attempt's
-        ended = {i: self._ended_at(tasks[i]) for i in mine if status.member(i).state == EXITED}
+        ended = {i: self._ended_at(tasks[i]) for i in mine if status.member(tasks[i].member).state == EXITED}
         # a gang whose nodes all ended together: the node that reported its own failure first went first
         for i in sorted(mine, key=lambda i: (i not in ended, ended.get(i) is None, ended.get(i) or 0, i)):
-            t, s = tasks[i], status.member(i)
+            t, s = tasks[i], status.member(tasks[i].member)
             if s.state == EXITED:
                 self._finish(t, s.exit_code if s.exit_code is not None else -9, s.reason)
             elif s.started_at or s.state != "queued":
@@ -418,6 +430,7 @@ class Scheduler:
                     self._finish(t, -9, "its cancellation was not confirmed")
         if not any(t.state == "running" and t.job is ref for t in tasks):
             del self.live[key]
+            self.spares.over(ref, tasks)
             if b.persist_refs:  # the backend may have added what it learned (start and stop times, for the cost)
                 try:
                     self.store.write(job_record_name(self.flow, self.run_id, ref), ref.to_json().encode(),

@@ -74,6 +74,8 @@ class Heartbeat:
         self.name = heartbeat_name(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt)
         self.doc = {"node": par.node_index, "host": host or os.uname().nodename, "pid": os.getpid(),
                     "started_at": time.time(), "state": "running"}
+        if par.member is not None:  # a gang with spares: which member beats for this node now
+            self.doc["member"] = par.member
         self.interval = self.interval or beat_interval()
         self._beat()
         self.thread = threading.Thread(target=self._loop, name="stoker-heartbeat", daemon=True)

@@ -124,12 +124,28 @@ class LogShipper:
 
 
 def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine = GENERIC) -> TaskSpec:
-    """This member's TaskSpec from the unit spec document, its gang position filled from the engine."""
+    """This member's TaskSpec from the unit spec document, its gang position filled from the engine. A spare of a
+    gang with spares (`doc["spares"]`) waits here until it is given a node (runtime/member/standby.py); one that is
+    never needed exits 0 from here."""
     ident = node_identity(env, engine)
     specs = doc["specs"]
-    if not 0 <= ident.member < len(specs):
-        raise SystemExit(f"stoker: member {ident.member} of a unit of {len(specs)}: the engine started more "
-                         f"members than were submitted")
+    spares = int(doc.get("spares") or 0)
+    if not 0 <= ident.member < len(specs) + spares:
+        raise SystemExit(f"stoker: member {ident.member} of a unit of {len(specs) + spares}: the engine started "
+                         f"more members than were submitted")
+    if spares:
+        from stoker.runtime.member.standby import announce, slot_spec, wait_for_slot
+
+        typed = [s if isinstance(s, TaskSpec) else TaskSpec.from_dict(s) for s in specs]
+        first = doc.get("first_slots") or list(range(len(specs)))
+        if ident.member in first:
+            slot = first.index(ident.member)
+            announce(typed, ident, "active")  # where a next generation's rendezvous can reach it
+        else:
+            slot = wait_for_slot(typed, ident, spares)
+        if slot is None:
+            raise SystemExit(0)  # a spare the gang did not need: nothing of any task is written
+        return slot_spec(typed, slot, ident, spares)
     mine = specs[ident.member]  # a TaskSpec in a local unit's document, its JSON in a remote one's
     spec = mine if isinstance(mine, TaskSpec) else TaskSpec.from_dict(mine)
     if spec.parallel is not None:
@@ -153,14 +169,16 @@ def run_member(store_url: str, code_key: str, spec_key: str, engine: NodeEngine 
     started = time.time()
     store = open_store(store_url)
     doc = json.loads(store.get_blob(spec_key))
+    with timed_phase("code_package"):  # first: a spare waits warm (runtime/member/standby.py)
+        pkg = unpack_package(store, code_key)
+    waiting = time.time()
     spec = member_spec(doc, engine=engine)
+    waited = time.time() - waiting if doc.get("spares") else 0.0  # a spare's wait is not set-up time
     if beat is not None:  # a gang node beats from now on (the caller writes its last beat: runtime/member/heartbeat.py)
         beat.start(store, spec, node_identity(engine=engine).host)
     os.environ.update(STOKER_RUN_ID=spec.run_id, STOKER_TASK_PATHSPEC=spec.pathspec, STOKER_STORE=store.url)
     added = apply_node_env(doc)
-    record_phase("node_setup", time.time() - started)  # the ledger's start-up phases (stoker.store.goodput)
-    with timed_phase("code_package"):
-        pkg = unpack_package(store, code_key)
+    record_phase("node_setup", time.time() - started - waited)  # the ledger's start-up phases (stoker.store.goodput)
     flow_path = str(pkg / doc["flow_path"])
     spec.flow_file = flow_path
     private = tempfile.mkdtemp(prefix="stoker-spec-")  # 0700: the spec is readable by this user only

@@ -24,6 +24,7 @@ class NodeIdentity:
     main_addr: str = "127.0.0.1"
     port: int | None = None
     host: str = ""  # the engine's name for this node (Slurm's SLURMD_NODENAME), else "" (the host name is used)
+    addr: str = ""  # this node's own address, where a spare's rendezvous would be (""): see own_addr)
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,26 @@ def node_identity(env: Mapping[str, str] | None = None, engine: NodeEngine = GEN
     addr = env.get("STOKER_MAIN_ADDR")
     if "STOKER_MEMBER" in env:
         return NodeIdentity(int(env["STOKER_MEMBER"]), int(env.get("STOKER_NUM_NODES", "1")),
-                            addr or "127.0.0.1", port)
+                            addr or "127.0.0.1", port, addr=env.get("STOKER_NODE_ADDR", ""))
     found = engine.identity(env)
     if found is not None:  # what the launcher exported wins over what the engine's variables say
-        return NodeIdentity(found.member, found.num_nodes, addr or found.main_addr, port or found.port, found.host)
-    return NodeIdentity(0, 1, addr or "127.0.0.1", port)
+        return NodeIdentity(found.member, found.num_nodes, addr or found.main_addr, port or found.port, found.host,
+                            env.get("STOKER_NODE_ADDR") or found.addr)
+    return NodeIdentity(0, 1, addr or "127.0.0.1", port, addr=env.get("STOKER_NODE_ADDR", ""))
+
+
+def own_addr(ident: NodeIdentity) -> str:
+    """Where this node can be reached by the others of its gang: the engine's word (`addr`), the main node's
+    address on member 0, else this host's address as its name resolves (127.0.0.1 for a local member)."""
+    if ident.addr:
+        return ident.addr
+    if ident.member == 0:
+        return ident.main_addr
+    if ident.main_addr in ("127.0.0.1", "localhost"):
+        return ident.main_addr
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()

@@ -1,0 +1,79 @@
+"""A hot spare of a gang (`@torchrun(spares=k)`): a member beyond the gang's nodes waits here, warm, until the driver
+gives it a lost node's slot (distributed/gangboard.py), then runs that slot's task like any node.
+
+While it waits it rewrites `gang/member-<m>.json` every two seconds (its address and host; the driver takes a spare
+whose record is fresh, runtime/driver/spares.py). It leaves when the gang is over (`gang/end.json`): exit 0, no task,
+no manifest. A spare never writes anything of a task it was not given.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+from stoker.distributed.gangboard import POLL_S, GangBoard
+from stoker.runtime.member.nodeenv import NodeIdentity, own_addr
+from stoker.runtime.spec import TaskSpec
+
+ANNOUNCE_EVERY_S = 2.0
+
+
+def board_for(spec: TaskSpec) -> GangBoard:
+    """The generation objects of the gang `spec` (any of its nodes) belongs to."""
+    from stoker.store.blobs import open_store
+
+    par = spec.parallel
+    assert par is not None and par.control_task_id is not None
+    return GangBoard.of(open_store(spec.store_url), spec.flow, spec.run_id, spec.step, par.control_task_id,
+                        spec.attempt)
+
+
+def slot_spec(specs: list[TaskSpec], slot: int, ident: NodeIdentity, spares: int) -> TaskSpec:
+    """The spec member `ident.member` runs for node `slot` (its gang position filled from the engine)."""
+    spec = specs[slot]
+    assert spec.parallel is not None
+    par = spec.parallel.started(ident.main_addr, ident.port, len(specs)).with_spares(spares, ident.member)
+    return replace(spec, parallel=par)
+
+
+def announce(specs: list[TaskSpec], ident: NodeIdentity, state: str) -> None:
+    """Record this member's address in its gang's objects (best effort: said on stderr when it fails)."""
+    try:
+        board_for(specs[0]).announce(ident.member, own_addr(ident), ident.host or _hostname(), state)
+    except Exception as e:  # noqa: BLE001
+        print(f"stoker: member {ident.member} could not announce its address ({e})", file=sys.stderr, flush=True)
+
+
+def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board: GangBoard | None = None,
+                  poll_s: float = POLL_S) -> int | None:
+    """Wait as a spare until a generation gives this member a slot (returned), or the gang ends (None)."""
+    board = board or board_for(specs[0])
+    addr, host = own_addr(ident), ident.host or _hostname()
+    print(f"stoker: spare member {ident.member} of {specs[0].flow}/{specs[0].run_id}/{specs[0].step} waiting "
+          f"({addr})", file=sys.stderr, flush=True)
+    announced = 0.0
+    while True:
+        now = time.monotonic()
+        if now - announced >= ANNOUNCE_EVERY_S:
+            try:
+                board.announce(ident.member, addr, host, "standby")
+            except Exception as e:  # noqa: BLE001 - a silent spare is not chosen; it tries again
+                print(f"stoker: spare could not announce itself ({e})", file=sys.stderr, flush=True)
+            announced = now
+        gen = board.current()
+        if gen is not None and (slot := gen.slot_of(ident.member)) is not None:
+            print(f"stoker: spare member {ident.member} takes node {slot} in generation {gen.gen}",
+                  file=sys.stderr, flush=True)
+            board.announce(ident.member, addr, host, "active")
+            return slot
+        if board.ended() is not None:
+            print("stoker: the gang is over; this spare was not needed", file=sys.stderr, flush=True)
+            return None
+        time.sleep(poll_s)
+
+
+def _hostname() -> str:
+    import os
+
+    return os.uname().nodename

@@ -1,0 +1,160 @@
+"""Hot spares on the local backend (issue 26): a gang of 2 nodes with 1 spare (tests/flows/spares_flow.py) trains the
+tiny model; a test kills one active node's processes from outside mid-training (SIGKILL of its member process and
+everything under it, as a host that dies ends them) -> the spare takes its place in the same job, training resumes
+from the last committed checkpoint, and the final weights are bitwise those of an uninterrupted run. Killing the node
+that hosts the rendezvous (node 0) works alike; killing both active nodes with one spare falls back to the whole-gang
+retry of today."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from stoker.train.model import Llama
+from stoker.train.settings import get_model_config
+from tests.helpers import FLOWS
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+STEPS = 60
+
+
+def tokens(folder: Path) -> Path:
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 256, size=97)
+    path = folder / "tokens.bin"
+    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(path)
+    return path
+
+
+def final_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The model of the newest committed checkpoint in `ckpt`, loaded into one process."""
+    latest = (ckpt / "latest").read_text().strip()
+    model = Llama(get_model_config("tiny"))
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(ckpt / latest))
+    return state["model"]
+
+
+class Run:
+    """`spares_flow.py run` in the background, its output line by line with the time each arrived."""
+
+    def __init__(self, cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-u", str(FLOWS / "spares_flow.py"), "run", "--data", str(data),
+                                      "--steps", str(STEPS), "--ckpt", str(ckpt)], cwd=cwd, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(ln for _, ln in self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for _, ln in list(self.lines):
+                if m := re.search(pattern, ln):
+                    return m
+            assert self.proc.poll() is None or self.thread.is_alive(), self.text
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} in {timeout} s:\n{self.text}")
+
+    def finish(self, timeout: float = 300) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self.thread.join(timeout=5)
+        return code
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a member and everything under it at once (its torchrun agent and workers), as a dead host."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)  # none of them reacts to the others' deaths first
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Token data and the weights of an uninterrupted run of the same gang."""
+    tmp = tmp_path_factory.mktemp("spares")
+    data = tokens(tmp)
+    env = {**__import__("os").environ, "STOKER_HOME": str(tmp / "home"), "STOKER_STORE": "",
+           "STOKER_PREFLIGHT": "0"}
+    run = Run(tmp, data, tmp / "ckpt-reference", env)
+    assert run.finish() == 0, run.text
+    return tmp, data, env, final_weights(tmp / "ckpt-reference")
+
+
+def kill_mid_training(run: Run, node: int) -> float:
+    """Kill the member running `node` once a checkpoint past step 8 is committed; returns when."""
+    pid = int(run.wait_for(rf"spares_flow: node {node} member \d+ pid (\d+) attempt 0").group(1))
+    run.wait_for(r"checkpoint step_000000(1[2-9]|[2-9]\d) committed")
+    at = time.time()
+    kill_tree(pid)
+    return at
+
+
+@pytest.mark.parametrize("node", [1, 0], ids=["a-node", "the-rendezvous-host"])
+def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(setup, node):
+    tmp, data, env, reference = setup
+    ckpt = tmp / f"ckpt-{node}"
+    run = Run(tmp, data, ckpt, env)
+    killed = kill_mid_training(run, node)
+    assert run.finish() == 0, run.text
+    out = run.text
+    took = run.wait_for(r"spare member 2 takes its place in generation 1").group(0)
+    assert f"node {node} (member {node}, host" in out and "lost: its process was killed by signal 9" in out, out
+    recovered = float(run.wait_for(r"generation 1 recovered in ([\d.]+) s").group(1))
+    first_step = next(t for t, ln in run.lines if "generation 1 of the gang" in ln)
+    print(f"{took}; recovery {recovered:.1f} s as stoker reports it, kill -> generation 1 started "
+          f"{first_step - killed:.1f} s")
+    assert recovered < 60
+    assert "retry 1 of" not in out, "no whole-gang retry: " + out
+    assert f"nodes ran on members {sorted({0, 1, 2} - {node})}" in out, out
+    weights = final_weights(ckpt)
+    assert weights.keys() == reference.keys()
+    for key in reference:
+        assert torch.equal(weights[key], reference[key]), key
+    # the run's record: the generations, which node left and which spare joined
+    gang = max((tmp / "home" / "store" / "runs" / "SparesFlow").glob("*/train/*/0/gang"),
+               key=lambda p: (p / "current.json").stat().st_mtime)  # this run's
+    gens = [json.loads(p.read_text()) for p in sorted(gang.glob("gen-*.json"))]
+    assert [g["slots"] for g in gens] == [[0, 1], [2, 1] if node == 0 else [0, 2]]
+    assert gens[1]["lost"]["member"] == node and gens[1]["joined"] == 2
+    assert json.loads((gang / "end.json").read_text())["state"] == "done"
+
+
+def test_two_lost_nodes_with_one_spare_retry_the_whole_gang(setup):
+    tmp, data, env, reference = setup
+    ckpt = tmp / "ckpt-two"
+    run = Run(tmp, data, ckpt, env)
+    kill_mid_training(run, 1)
+    run.wait_for(r"spare member 2 takes its place in generation 1")
+    run.wait_for(r"generation 1 of the gang: node 0")
+    pid = int(run.wait_for(r"spares_flow: node 0 member 0 pid (\d+) attempt 0").group(1))
+    time.sleep(1.0)
+    kill_tree(pid)
+    assert run.finish() == 0, run.text
+    out = run.text
+    assert "no spare left: the gang fails as one" in out and "retry 1 of 1" in out, out
+    weights = final_weights(ckpt)
+    for key in reference:
+        assert torch.equal(weights[key], reference[key]), key
