@@ -1,11 +1,13 @@
 """Trains the tiny model under @torchrun (a gang of `nodes` nodes x 1 process) with one hot spare and a checkpoint
-every 4 steps; each node prints its member and pid so a test can kill one from outside mid-training (the spare takes
+every 4 steps (and, with $SPARES_FLOW_EVICT=1, a straggler evicted); each node prints its member and pid so a test can kill one from outside mid-training (the spare takes
 its place in the same job: tests/integration/test_spares.py and the Slurm and Batch ones)."""
 
 import os
 from pathlib import Path
 
 from stoker import FlowSpec, Parameter, current, retry, step, torchrun
+
+EVICT = os.environ.get("SPARES_FLOW_EVICT") == "1"  # a test turns straggler eviction on (the driver reads it too)
 
 
 class SparesFlow(FlowSpec):
@@ -19,7 +21,7 @@ class SparesFlow(FlowSpec):
         self.next(self.train, num_parallel=self.nodes)
 
     @retry(times=1, minutes_between_retries=0)
-    @torchrun(nproc_per_node=1, spares=1)
+    @torchrun(nproc_per_node=1, spares=1, evict_stragglers=EVICT)
     @step
     def train(self):
         par = current.parallel

@@ -3,7 +3,8 @@ tiny model; a test kills one active node's processes from outside mid-training (
 everything under it, as a host that dies ends them) -> the spare takes its place in the same job, training resumes
 from the last committed checkpoint, and the final weights are bitwise those of an uninterrupted run. Killing the node
 that hosts the rendezvous (node 0) works alike; killing both active nodes with one spare falls back to the whole-gang
-retry of today."""
+retry of today. With `evict_stragglers=True`, a node the trainer names a straggler is swapped for the spare after
+its next checkpoint, and the weights are still bitwise those of the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -155,6 +156,25 @@ def test_two_lost_nodes_with_one_spare_retry_the_whole_gang(setup):
     assert run.finish() == 0, run.text
     out = run.text
     assert "no spare left: the gang fails as one" in out and "retry 1 of 1" in out, out
+    weights = final_weights(ckpt)
+    for key in reference:
+        assert torch.equal(weights[key], reference[key]), key
+
+
+def test_a_straggler_is_evicted_at_a_checkpoint(setup):
+    """Rank 1 sleeps 0.15 s a step (stoker.train's test hook): named a straggler after 3 windows, it is swapped for
+    the spare after the next checkpoint; the spare's rank 1 is slow too (the hook follows the rank), and with no
+    spare left it stays."""
+    tmp, data, env, reference = setup
+    ckpt = tmp / "ckpt-straggler"
+    run = Run(tmp, data, ckpt, {**env, "SPARES_FLOW_EVICT": "1", "STOKER_TEST_SLOW_RANK": "1:0.15"})
+    assert run.finish() == 0, run.text
+    out = run.text
+    assert re.search(r"node 1 \(member 1, host .*\) evicted as a straggler after the checkpoint of step \d+: node 1",
+                     out), out
+    assert "spare member 2 takes its place in generation 1" in out, out
+    assert "no spare left to take its place: it stays" in out, out
+    assert "nodes ran on members [0, 2]" in out, out
     weights = final_weights(ckpt)
     for key in reference:
         assert torch.equal(weights[key], reference[key]), key

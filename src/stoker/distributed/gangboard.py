@@ -15,6 +15,7 @@ The objects, under the gang's attempt (`runs/<flow>/<run>/<step>/<node 0's task>
     gen-000001.json     each generation as it was decided: slots, which member left and why, which spare joined
     member-3.json       member 3's address and host, written when it starts (a spare rewrites it while it waits)
     started-000001.json when generation 1's first training step was done (its recovery time ends there)
+    evict-000001.json   generation 1's trainer asks for its straggler node to be swapped for a spare
     end.json            the gang is over (`done` or `stopped`): waiting spares exit
 """
 
@@ -122,6 +123,18 @@ class GangBoard:
         try:
             return float(json.loads(data)["first_step_at"]) if data else None
         except (ValueError, KeyError, TypeError):
+            return None
+
+    def request_eviction(self, gen: int, doc: dict[str, Any]) -> None:
+        """Generation `gen`'s node 0 asks for a straggler node (`doc["node"]`) to be swapped for a spare: its trainer
+        named it and has just saved a checkpoint (`@torchrun(evict_stragglers=True)`)."""
+        self._write(f"evict-{gen:06d}.json", doc)
+
+    def eviction(self, gen: int) -> dict[str, Any] | None:
+        data = self._read(f"evict-{gen:06d}.json")
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
             return None
 
     # -- members -------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ anything of the task: the spare that took its slot does.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -52,16 +53,17 @@ class GangLink:
     main_addr: str
     wait_s: float = 30.0
     poll_s: float = POLL_S
+    evict: bool = False  # @torchrun(evict_stragglers=True): node 0 passes its trainer's eviction requests on
 
     @classmethod
-    def for_task(cls, par: ParallelInfo, base_port: int) -> GangLink:
+    def for_task(cls, par: ParallelInfo, base_port: int, evict: bool = False) -> GangLink:
         from stoker.store.blobs import open_store
 
         url = current.get("store_url")
         board = GangBoard.of(open_store(url), current.flow_name, current.run_id, current.step_name,
                              str(par.control_task_id), int(current.retry_count or 0))
         member = par.member if par.member is not None else par.node_index
-        return cls(board, member, base_port, par.main_ip, decision_wait_s(url))
+        return cls(board, member, base_port, par.main_ip, decision_wait_s(url), evict=evict)
 
     def generation(self) -> Generation:
         """The current generation (the driver posts generation 0 before the members start)."""
@@ -117,8 +119,8 @@ class GangLink:
 class _Watch:
     """torchrun's `cut_when`: a newer generation cuts it; node 0 reports the generation's first training step."""
 
-    def __init__(self, link: GangLink, gen: Generation, marker: str | None) -> None:
-        self.link, self.gen, self.marker = link, gen, marker
+    def __init__(self, link: GangLink, gen: Generation, marker: str | None, evict: str | None = None) -> None:
+        self.link, self.gen, self.marker, self.evict = link, gen, marker, evict
         self.newer: Generation | None = None
         self.next_read = 0.0
 
@@ -135,6 +137,16 @@ class _Watch:
         return False
 
     def report(self) -> None:
+        if self.evict and os.path.exists(self.evict):
+            try:
+                with open(self.evict) as f:
+                    self.link.board.request_eviction(self.gen.gen, json.load(f))
+                self.evict = None
+            except (OSError, ValueError):
+                pass
+            except Exception as e:  # noqa: BLE001 - the store: the straggler stays
+                print(f"stoker: could not ask for the straggler's eviction ({e})", file=sys.stderr)
+                self.evict = None
         if self.marker and os.path.exists(self.marker):
             try:
                 with open(self.marker) as f:
@@ -160,13 +172,15 @@ def run_generations(helper: Any, link: GangLink, command: Callable[[], list[str]
         addr, port = link.rendezvous(gen)
         helper.node_rank, helper.master_addr, helper.master_port = slot, addr, port
         genv = dict(env)
-        marker = None
+        marker = evict = None
         if slot == 0:
-            marker = os.path.join(current.get("tempdir") or tempfile.gettempdir(), f"first-step-{gen.gen}")
-            genv["STOKER_FIRST_STEP_FILE"] = marker
+            folder = current.get("tempdir") or tempfile.gettempdir()
+            marker = genv["STOKER_FIRST_STEP_FILE"] = os.path.join(folder, f"first-step-{gen.gen}")
+            if link.evict:
+                evict = genv["STOKER_EVICT_FILE"] = os.path.join(folder, f"evict-{gen.gen}")
         print(f"torchrun: generation {gen.gen} of the gang: node {slot} (member {link.member}), rendezvous "
               f"{addr}:{port}", flush=True)
-        watch = _Watch(link, gen, marker)
+        watch = _Watch(link, gen, marker, evict)
         try:
             helper._spawn(command(), genv, "torchrun", cut_when=watch)
             watch.report()

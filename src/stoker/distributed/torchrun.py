@@ -181,7 +181,7 @@ class TorchrunHelper:
                    neuron_cache=attrs.get("neuron_cache", neuron_cache.DEFAULT_PREFIX) or None,
                    precompile=attrs.get("precompile") or False, stage_flags=attrs.get("stage") or None,
                    log_dir=os.path.join(current.get("tempdir"), "torchrun") if current.get("tempdir") else None,
-                   gang=_gang_link(par, port))
+                   gang=_gang_link(par, port, bool(attrs.get("evict_stragglers"))))
 
     @property
     def request(self) -> dict[str, Any]:
@@ -404,13 +404,13 @@ class TorchrunHelper:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _gang_link(par: ParallelInfo, port: Any) -> Any:
+def _gang_link(par: ParallelInfo, port: Any, evict: bool) -> Any:
     """The link to its gang's generations of a node of a gang with spares (distributed/generations.py), else None."""
     if not getattr(par, "spares", 0):
         return None
     from stoker.distributed.generations import GangLink
 
-    return GangLink.for_task(par, int(port))
+    return GangLink.for_task(par, int(port), evict)
 
 
 class GenerationCut(StokerError):

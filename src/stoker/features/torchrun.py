@@ -22,6 +22,8 @@ class TorchrunDecorator(ParallelDecorator):
                 # hot spares: members started beside the gang's nodes that wait warm and take a lost node's place
                 # inside the same allocation (distributed/gangboard.py)
                 "spares": 0,
+                # with spares: a node the trainer names a straggler is swapped for a spare after its next checkpoint
+                "evict_stragglers": False,
                 # Neuron: the compile cache's prefix in the store (None: not kept), and a neuron_parallel_compile
                 # pass before the run (True, or a dict of flags to change for it, e.g. {"steps_this_run": 2})
                 "neuron_cache": "neuron-cache/", "precompile": False,

@@ -325,6 +325,7 @@ class StragglerMonitor:
         self.first_step, self.warm = trainer.step + 1, True
         self.detector: StragglerDetector | None = None
         self.pending: dict[str, Any] = {}
+        self.named: list[dict[str, Any]] = []  # rank 0: who is named at the last window
 
     @classmethod
     def start(cls, trainer: Any) -> StragglerMonitor:
@@ -359,6 +360,7 @@ class StragglerMonitor:
         if self.trainer.rank != 0:
             return
         verdict = self.detector.update(figures, first_step=self.first_step, step=step)
+        self.named = verdict.named
         for entry in verdict.new:
             log.warning("%s", entry["message"])
         for line in verdict.recovered:
@@ -402,6 +404,11 @@ class StragglerMonitor:
             local = 0
         return StragglerDetector(nodes=nodes_of(world, hosts, local), hosts=hosts, threshold=self.threshold,
                                  windows=self.windows)
+
+    def slow_node(self) -> dict[str, Any] | None:
+        """The node named a straggler at the last window (its entry), if any (rank 0): what a gang with spares may
+        evict (`@torchrun(evict_stragglers=True)`)."""
+        return next((e for e in self.named if e.get("kind") == "node"), None)
 
     def take(self) -> dict[str, Any]:
         """The last window's fields for the next metrics record (rank 0; empty elsewhere and between windows)."""

@@ -21,7 +21,7 @@ def node_states(tasks: list[Any], ref: Any, status: Any) -> list[str]:
     heartbeat stopped: runtime/driver/lostnodes.py) / killed, from the scheduler's tasks and the engine's member
     statuses."""
     out = []
-    for i, t in enumerate(tasks):
+    for t in tasks:
         if t.state == "ok":
             out.append("done")
         elif t.state != "running" or t.job is not ref:

@@ -20,6 +20,7 @@ from typing import Any
 from stoker.distributed.smoke import cap_gang
 from stoker.errors import StokerError
 from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline
+from stoker.features.torchrun import gang_spares
 from stoker.runtime.contract import EXITED, Backend, InProcessBackend, JobRef, JobStatus, Unit
 from stoker.runtime.driver.attribution import Attribution
 from stoker.runtime.driver.causes import CONFIG, NEVER_STARTS, PREEMPTION  # NEVER_STARTS: no attempt can help
@@ -29,11 +30,10 @@ from stoker.runtime.driver.fallback import crash_note, died_how, fallback_note
 from stoker.runtime.driver.gangview import node_states
 from stoker.runtime.driver.jobs import build_unit, job_record_name, kill_request_name, node_need
 from stoker.runtime.driver.lostnodes import NodeWatch, gang_failed, watch_gang
-from stoker.features.torchrun import gang_spares
-from stoker.runtime.driver.spares import Spares
 from stoker.runtime.driver.output import Display, TaskOutput, private_log_root, store_logs
 from stoker.runtime.driver.queue import Task, TaskIndex
 from stoker.runtime.driver.resources import ResourcePool  # this machine's capacity (not the decorator's module)
+from stoker.runtime.driver.spares import Spares
 from stoker.runtime.driver.transitions import NewTask, Transitions, first_task
 from stoker.runtime.package import stage_package
 from stoker.runtime.spec import TaskSpec
@@ -88,7 +88,7 @@ class Scheduler:
         self.gang_failures: dict[str, tuple[Task, float]] = {}  # gang -> (first failed node, when)
         self.watch = NodeWatch(self.store, self.flow, self.run_id)  # remote gangs' heartbeats
         self.spares = Spares(self.store, self.flow, self.run_id,
-                             lambda text, style: self.display.info(text, style=style))  # gangs with hot spares
+                             lambda text, style: self.display.info(text, style=style), self.watch)  # hot spares
         self.causes = Attribution(self.store, self.flow_cls, self.graph)  # why each attempt failed; what it means
         self.failed = False
         self.interrupted = False
@@ -397,7 +397,7 @@ class Scheduler:
             status = JobStatus(EXITED, exit_code=-9, reason=f"the {b.name} engine lost job {ref.job_id}")
         self.unseen.pop(key, None)
         if ref.job_id in self.spares.gangs:  # a gang with spares: a lost node's slot goes to a spare
-            self.spares.check(self, ref, tasks, status, self.watch, now)
+            self.spares.check(ref, tasks, status, now)
         if ref.kind == "gang" and b.remote:  # a node whose heartbeat stopped: its gang is stopped now
             watch_gang(self, ref, tasks, status, now)  # (runtime/driver/lostnodes.py)
         mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a later attempt's

@@ -41,14 +41,15 @@ class _Gang:
     gen: Generation
     used: set[int] = field(default_factory=set)  # members that ran a slot (active now, or lost)
     reported: set[int] = field(default_factory=set)  # generations whose recovery time was shown
+    evictions: set[int] = field(default_factory=set)  # generations whose eviction request was handled
     lost_at: dict[int, float] = field(default_factory=dict)  # generation -> when its lost node was lost
 
 
 class Spares:
     """The gangs with spares of one run (one per scheduler)."""
 
-    def __init__(self, store: Any, flow: str, run_id: str, say: Any) -> None:
-        self.store, self.flow, self.run_id, self.say = store, flow, run_id, say
+    def __init__(self, store: Any, flow: str, run_id: str, say: Any, watch: NodeWatch) -> None:
+        self.store, self.flow, self.run_id, self.say, self.watch = store, flow, run_id, say, watch
         self.gangs: dict[str, _Gang] = {}  # job id -> its gang
 
     # -- submission --------------------------------------------------------------------------------------------
@@ -71,8 +72,7 @@ class Spares:
         self.gangs[ref.job_id] = _Gang(board, len(unit.specs), unit.nodes, remote, gen, used=set(gen.slots))
 
     # -- each poll -----------------------------------------------------------------------------------------------
-    def check(self, sched: Any, ref: JobRef, tasks: list[Any], status: JobStatus, watch: NodeWatch,
-              now: float) -> None:
+    def check(self, ref: JobRef, tasks: list[Any], status: JobStatus, now: float) -> None:
         """Replace the lost active members of the gang job `ref` by spares (see the module docstring)."""
         g = self.gangs.get(ref.job_id)
         if g is None:
@@ -81,9 +81,10 @@ class Spares:
         running = [t for t in tasks if t.state == "running" and t.job is ref and not t.stopping]
         if not running or len(running) < len([t for t in tasks if t.job is ref and t.state != "ok"]):
             return  # the gang is being stopped, or a node failed on its own: not ours to mend
+        self._evict(g, ref, running, status)
         found = None
-        if g.remote and now - watch.checked.get(ref.job_id, 0.0) >= watch.every:
-            found = watch.lost(ref, tasks, now)
+        if g.remote and now - self.watch.checked.get(ref.job_id, 0.0) >= self.watch.every:
+            found = self.watch.lost(ref, tasks, now)
         for t in running:
             lost = self._lost(g, t, tasks, status, found, now)
             if lost is None:
@@ -93,7 +94,27 @@ class Spares:
                 self.say(f"gang {t.step}: node {t.parallel.node_index} (member {t.member}) {lost[0]}; no spare "
                          f"left: the gang fails as one", "bold red")
                 return
-            self._replace(g, t, spare, lost, watch, ref)
+            self._replace(g, t, spare, lost, ref)
+
+    def _evict(self, g: _Gang, ref: JobRef, running: list[Any], status: JobStatus) -> None:
+        """A straggler node its trainer asked to evict (after a checkpoint): a spare takes its place."""
+        if g.gen.gen in g.evictions:
+            return
+        ev = g.board.eviction(g.gen.gen)
+        if not ev:
+            return
+        g.evictions.add(g.gen.gen)
+        t = next((t for t in running if t.parallel.node_index == ev.get("node")), None)
+        if t is None:
+            return
+        spare = self._spare(g, status, time.time())
+        why = str(ev.get("message") or "a straggler").removeprefix("straggler: ")
+        if spare is None:
+            self.say(f"gang {t.step}: node {t.parallel.node_index} is a straggler ({why}); no spare left to take its "
+                     f"place: it stays", "yellow")
+            return
+        self._replace(g, t, spare, (f"evicted as a straggler after the checkpoint of step {ev.get('step')}: {why}",
+                                    float(ev.get("at") or time.time()), str(ev.get("host") or "?")), ref)
 
     def _lost(self, g: _Gang, t: Any, tasks: list[Any], status: JobStatus, found: Any,
               now: float) -> tuple[str, float, str] | None:
@@ -119,8 +140,7 @@ class Spares:
             return m
         return None
 
-    def _replace(self, g: _Gang, t: Any, spare: int, lost: tuple[str, float, str], watch: NodeWatch,
-                 ref: JobRef) -> None:
+    def _replace(self, g: _Gang, t: Any, spare: int, lost: tuple[str, float, str], ref: JobRef) -> None:
         why, at, host = lost
         slot, old = t.parallel.node_index, t.member
         slots = list(g.gen.slots)
@@ -131,7 +151,7 @@ class Spares:
         g.gen, t.member = nxt, spare
         g.used.add(spare)
         g.lost_at[nxt.gen] = at
-        watch.seen.get(ref.job_id, {}).pop(slot, None)  # its beats start again, from the spare
+        self.watch.seen.get(ref.job_id, {}).pop(slot, None)  # its beats start again, from the spare
         self.say(f"gang {t.step}: node {slot} (member {old}, host {host}) {why}; spare member {spare} takes its "
                  f"place in generation {nxt.gen}, in the same job", "bold yellow")
 
