@@ -7,7 +7,8 @@ else the terminal's, `$COLUMNS` first), or with `--json` one JSON document with 
     {"flow", "run_id", "pathspec", "status", "user", "created_at", "finished_at", "duration_s", "tags",
      "origin_run_id", "parameters", "steps": [{"name", "tasks": [{"id", "pathspec", "attempt", "successful",
      "finished", "exception": {"type", "message", "cause", "evidence"} | null, "failed_attempts": [{"attempt",
-     "type", "message", "cause", "evidence"}], "artifacts": [names], "stragglers": [lines]}]}],
+     "type", "message", "cause", "evidence"}], "artifacts": [names], "stragglers": [lines]}],
+     "generations": a gang step with hot spares: its gang attempts (stoker.client.gangs.step_gangs), else []}],
      "cost": [lines] | null,
      "goodput": the goodput ledger's summary (stoker.cli.goodput.summary; {"error"} when unreadable) | null,
      "note": why a `lost` run is lost and how to continue it | null}
@@ -25,6 +26,7 @@ import textwrap
 from typing import Any
 
 from stoker.cli.goodput import summary_lines as goodput_lines
+from stoker.client.gangs import generation_lines
 from stoker.store.runstate import LOST
 
 DATE = "%Y-%m-%d %H:%M:%S"
@@ -144,9 +146,24 @@ def _stragglers(run: Any) -> dict[tuple[str, str], list[str]]:
         return {}
 
 
+def _gangs(run: Any) -> dict[str, list[dict[str, Any]]]:
+    """step -> its gang attempts with generations (hot spares: stoker.client.gangs), read once for the run."""
+    from stoker.client.gangs import step_gangs
+    from stoker.errors import StokerError
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for gang in step_gangs(run._store, run.flow_name, run.id):
+            out.setdefault(gang["step"], []).append(gang)
+    except (StokerError, OSError, AttributeError):  # no store here: the rest of `show` still prints
+        return {}
+    return out
+
+
 def show_record(run: Any, cost: list[str] | None, goodput: dict[str, Any] | None = None) -> dict[str, Any]:
     """`stoker show --json`: the run, its parameters, every step and task."""
     named = _stragglers(run)
+    gangs = _gangs(run)
     steps = []
     for step in run:
         tasks = []
@@ -157,7 +174,7 @@ def show_record(run: Any, cost: list[str] | None, goodput: dict[str, Any] | None
                           "failed_attempts": failed_attempts(t),
                           "artifacts": sorted(a.id for a in t.artifacts if not a.id.startswith("_")),
                           "stragglers": named.get((step.id, t.id), [])})
-        steps.append({"name": step.id, "tasks": tasks})
+        steps.append({"name": step.id, "tasks": tasks, "generations": gangs.get(step.id, [])})
     head = run_record(run)
     note = getattr(run, "lost_reason", None) if head["status"] == LOST else None
     return {**head, "origin_run_id": run.origin_run_id, "parameters": run.parameters, "steps": steps, "cost": cost,
@@ -220,6 +237,11 @@ def show_lines(rec: dict[str, Any], created: dt.datetime | None, cols: int) -> l
                 out += _wrap(line, cols, " " * 6, " " * 8)
         if len(shown) < len(tasks):
             out.append(f"    ... {len(tasks) - len(shown)} more (stoker show --json lists every task)")
+        for gang in step.get("generations") or []:  # a gang with hot spares: which node left, who joined, recovery
+            head, *gens = generation_lines(gang)
+            out += _wrap(head, cols, "    ", " " * 6)
+            for line in gens:
+                out += _wrap(line, cols, " " * 6, " " * 8)
     for line in rec["cost"] or []:
         out += _wrap(line, cols, "", "  ")
     for line in goodput_lines(rec.get("goodput"), rec["pathspec"]):

@@ -318,6 +318,15 @@ class Step(ClientObject):
     def __getitem__(self, task_id: str) -> Task:
         return Task(f"{self.pathspec}/{task_id}", **self._kw())
 
+    @property
+    def generations(self) -> list[dict[str, Any]]:
+        """A gang step with hot spares (``@torchrun(spares=k)``): each gang attempt's generations, oldest first:
+        which node left (its member, host and why), which spare joined, the recovery time
+        (:func:`stoker.client.gangs.step_gangs` lists the keys); empty for a step without spares."""
+        from stoker.client.gangs import step_gangs
+
+        return step_gangs(self._store, self.flow_name, self.run_id, self.id)
+
 
 class Task(ClientObject):
     """A task: ``Task("Flow/run_id/step/task_id", attempt=None)``; its latest attempt by default."""
@@ -396,6 +405,21 @@ class Task(ClientObject):
     def parallel(self) -> dict[str, Any] | None:
         """``{"node_index", "num_nodes"}`` for a task of a gang, else None."""
         return self._m("parallel")
+
+    @property
+    def generations(self) -> list[dict[str, Any]]:
+        """The generations of the gang attempt this task attempt ran in (a gang step with hot spares; empty
+        otherwise): :func:`stoker.client.gangs.read_gang`'s ``generations``, oldest first."""
+        from stoker.client.gangs import step_gangs
+
+        if not self.parallel and self._attempt.status != "running":  # type: ignore[union-attr]
+            return []
+        gangs = [g for g in step_gangs(self._store, self.flow_name, self.run_id, self.step_name)
+                 if g["attempt"] == self._attempt_no]
+        mine = [g for g in gangs if g["task_id"] == self.id]  # node 0's task holds its gang's objects
+        if not mine and len(gangs) == 1:  # another node of the step's one gang
+            mine = gangs
+        return mine[0]["generations"] if mine else []
 
     @property
     def input_paths(self) -> list[str]:

@@ -10,7 +10,14 @@ Sources, all in the run's folder of the store:
 
 A training step is a step whose tasks wrote a trainer ledger. Each of its tasks is a node; each node's time from
 its first submission to its last attempt's end is split into :data:`CATEGORIES`, which add up to it exactly
-(``other`` takes what no record explains: clocks of different hosts, a phase timed twice). :func:`run_goodput`
+(``other`` takes what no record explains: clocks of different hosts, a phase timed twice).
+
+A gang with hot spares (``@torchrun(spares=k)``, stoker.client.gangs) keeps its attempt through a node loss: each
+new generation restarts the trainer of every node, so one attempt's ledger holds several trainers' snapshots. Its
+time is split per generation (:func:`_generations`): from each loss to the next generation's first training step
+is ``recovery`` (for every node: the survivors wait too), the steps a generation did past the checkpoint the next
+one resumed from and the time from its trainer's last snapshot to the loss are ``lost``; a slot a spare took counts
+from the gang's start (the lost member's time, then the spare's). :func:`run_goodput`
 returns one JSON-able dict (docs/operations.md, "Where the time went: goodput", lists its keys).
 """
 
@@ -21,22 +28,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stoker.client.gangs import step_gangs
 from stoker.store.blobs import BlobStore
 from stoker.store.checkpoint_advice import NODE_MTBF_HOURS, NOT_FAILURES, advise, env_mtbf_hours, job_mtbf
-from stoker.store.goodput import LEDGER_SERIES, PHASES, latest_snapshot
+from stoker.store.goodput import LEDGER_SERIES, PHASES, latest_snapshot, ledger_segments
 from stoker.store.manifest import read_manifest_object, run_prefix
 
 VERSION = 1
 # in the order a stacked bar draws them: the wait before an attempt, its start, its work, its end
 CATEGORIES = ("retry_wait", "queue", "startup", "checkpoint_load", "productive", "straggler_idle", "eval",
-              "checkpoint_save", "lost", "shutdown", "other")
+              "checkpoint_save", "lost", "recovery", "shutdown", "other")
 PAID_EXCLUDES = ("retry_wait", "queue")  # no node is held then
 JOBS = "jobs/"  # the scheduler's job records under the run's prefix (runtime/driver/jobs.py: jobs_prefix)
 Price = Callable[[str], "float | None"]  # instance type -> USD per node-hour (backends/aws/instances.price_per_hour)
 # the categories' names as `stoker goodput` and the UI show them
 LABELS = {"retry_wait": "retry wait", "queue": "queue", "startup": "start-up", "checkpoint_load": "checkpoint load",
           "productive": "productive", "straggler_idle": "straggler idle", "eval": "evaluation",
-          "checkpoint_save": "checkpoint save", "lost": "lost work", "shutdown": "shutdown", "other": "other"}
+          "checkpoint_save": "checkpoint save", "lost": "lost work", "recovery": "recovery", "shutdown": "shutdown",
+          "other": "other"}
 
 
 def _listing(store: BlobStore, flow: str, run_id: str) -> tuple[list[str], list[str], set[tuple[str, str, int]]]:
@@ -186,8 +195,86 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
             "backend": (job or {}).get("backend") or "local", "measured": bool(snap)}
 
 
-def _node(step: str, task: str, attempts: list[int], inputs: tuple[dict, dict, dict], now: float
-          ) -> dict[str, Any] | None:
+def _generations(row: dict[str, Any], manifest: dict, segs: list[dict], gang: dict, gang_start: float | None,
+                 kept_at: int | None) -> None:
+    """Re-split one node's attempt of a gang that moved through generations (see the module docstring) in place:
+    ``segs`` are its trainers' last snapshots, oldest first; the last one is what :func:`_attempt` accounted."""
+    losses = sorted((float(g["lost"]["at"]), g["started_at"]) for g in gang["generations"][1:]
+                    if isinstance(g.get("lost"), dict) and _num(g["lost"].get("at")) is not None)
+    st, end, sec = row["started_at"], row["end"], row["seconds"]
+    losses = [(at, first) for at, first in losses if at < end]
+    if not losses or not segs:
+        return
+    t0 = gang_start if gang_start is not None and st > losses[0][0] else st  # a slot a spare took: the gang's start
+    t0 = min(t0, st)
+    last = segs[-1]
+    phases = _phases(manifest.get("timings"))
+    startup = dict(row["startup"])
+    in_task = (min(float(last["created_at"]), end) - st) + float(last["seconds"].get("init", 0.0))
+    sec["startup"] -= in_task  # what _attempt took from the last trainer: the environment and node phases stay
+    for k in ("imports", "launch", "trainer_init"):
+        startup.pop(k, None)
+    for k in ("checkpoint_load", "checkpoint_save", "eval", "productive", "straggler_idle", "lost", "shutdown"):
+        sec[k] = 0.0
+    info: dict[str, Any] = {}
+    steps_s = n_steps = saves = 0
+    for i, snap in enumerate(segs):
+        created, seconds = float(snap["created_at"]), snap["seconds"]
+        before = [(at, first) for at, first in losses if at <= created]  # the loss this trainer came after
+        after = [at for at, _ in losses if at > created]  # the loss that ended it
+        steps = float(seconds.get("steps", 0.0))
+        if before:
+            first = before[-1][1]
+            if first is None:  # its generation never did a step: all of it lies in the recovery
+                continue
+            loop = _num(snap.get("loop_started_at"))
+            steps -= min(steps, max(0.0, first - loop)) if loop is not None else 0.0  # its first step: recovery
+        else:  # the attempt's first trainer: its start is start-up, its load a checkpoint load
+            proc = _num(snap.get("process_started_at"))
+            proc = min(max(proc, t0), created) if proc is not None else created
+            startup["imports"] = created - proc
+            startup["launch"] = max(0.0, proc - t0 - sum(phases["start"].values()))
+            startup["trainer_init"] = float(seconds.get("init", 0.0))
+            sec["startup"] += (created - t0) + startup["trainer_init"]
+            sec["checkpoint_load"] += float(seconds.get("checkpoint_load", 0.0))
+        if after:  # ended by a loss: what it did past the checkpoint the next generation resumed from is lost
+            steps -= min(steps, max(0.0, float(snap["time"]) - after[0]))  # it ran on past the loss: recovery
+            nxt = next((int(n["start_step"]) for n in segs[i + 1:] if n.get("start_step") is not None), None)
+            status, kept, tail = "failed", nxt, max(0.0, after[0] - float(snap["time"]))
+        else:
+            status, kept, tail = row["status"], kept_at, max(0.0, end - max(float(snap["time"]), created))
+        p, lost, tail, part = _steps_split({**snap, "seconds": {**seconds, "steps": steps}, "final": True}
+                                           if after else {**snap, "seconds": {**seconds, "steps": steps}},
+                                           status, kept, tail)
+        idle = min(_num(snap.get("straggler_idle_s")) or 0.0, p)
+        sec["productive"] += p - idle
+        sec["straggler_idle"] += idle
+        sec["lost"] += lost + (tail if after else 0.0)
+        if not after:
+            sec["shutdown"] += tail
+        sec["checkpoint_save"] += float(seconds.get("checkpoint_save", 0.0))
+        sec["eval"] += float(seconds.get("eval", 0.0))
+        saves += int(snap.get("saves") or 0)
+        steps_s += float(seconds.get("steps", 0.0))
+        n_steps += part["last"] - part["first"]
+        info = {"first": info.get("first", part["first"]), "last": part["last"], "kept": part["kept"],
+                "lost": info.get("lost", 0) + part["lost"]}
+    bounds = [at for at, _ in losses] + [end]
+    sec["recovery"] = sum(max(0.0, min(first if first is not None else bounds[j + 1], bounds[j + 1], end) - at)
+                          for j, (at, first) in enumerate(losses))
+    row["begin"] = min(row["begin"], t0)
+    row["wall_s"] = end - row["begin"]
+    sec["other"] = 0.0
+    sec["other"] = row["wall_s"] - sum(sec.values())
+    row["startup"] = {k: v for k, v in startup.items() if v}
+    row["saves"] = saves
+    if info:
+        row["steps"] = {**info, "mean_step_s": steps_s / n_steps if n_steps > 0 else None}
+    row["generations"] = len(losses) + 1
+
+
+def _node(step: str, task: str, attempts: list[int], inputs: tuple[dict, dict, dict], now: float,
+          gangs: dict[tuple[str, int], tuple[dict, float | None, dict]] | None = None) -> dict[str, Any] | None:
     manifests, jobs, snaps = inputs
     rows = []
     for i, a in enumerate(attempts):
@@ -197,6 +284,9 @@ def _node(step: str, task: str, attempts: list[int], inputs: tuple[dict, dict, d
         if nxt is not None and nxt.get("start_step") is not None:
             kept_at = int(nxt["start_step"])  # where the next attempt resumed: what this one kept
         row = _attempt(key, manifests.get(key), jobs.get(key), snaps.get(key), kept_at, now)
+        gang = (gangs or {}).get((step, a))
+        if row is not None and gang is not None and key in gang[2]:  # hot spares: one attempt, several generations
+            _generations(row, manifests.get(key) or {}, gang[2][key], gang[0], gang[1], kept_at)
         if row is not None:
             rows.append(row)
     if not rows:
@@ -315,15 +405,31 @@ def run_goodput(store: BlobStore, flow: str, run_id: str, *, price: Price | None
         snap = latest_snapshot(store, flow, run_id, *key)
         if snap is not None and isinstance(snap.get("seconds"), dict) and _num(snap.get("created_at")) is not None:
             snaps[key] = snap
+    gangs: dict[tuple[str, int], tuple[dict, float | None, dict]] = {}  # (step, attempt) -> a gang with a lost node
+    for step in sorted({s for s, _, _ in ledgers}):
+        found = [g for g in step_gangs(store, flow, run_id, step) if len(g["generations"]) > 1]
+        for g in found:
+            if sum(1 for h in found if h["attempt"] == g["attempt"]) > 1:
+                continue  # several gangs of one step and attempt: which node is whose is not known; left as is
+            start = _num((manifests.get((step, g["task_id"], g["attempt"])) or {}).get("started_at"))
+            segs = {k: seg for k in ledgers if k[0] == step and k[2] == g["attempt"]
+                    and (seg := [x for x in ledger_segments(store, flow, run_id, *k)
+                                 if isinstance(x.get("seconds"), dict) and _num(x.get("created_at")) is not None
+                                 and _num(x.get("time")) is not None])}
+            if start is None:  # node 0 still running: its first trainer's start
+                start = min((_num(x[0].get("process_started_at")) or float(x[0]["created_at"]) for x in segs.values()),
+                            default=None)
+            gangs[(step, g["attempt"])] = (g, start, segs)
     attempts: dict[tuple[str, str], set[int]] = {}
     for step, task, attempt in set(manifests) | set(jobs) | set(snaps):
         attempts.setdefault((step, task), set()).add(attempt)
     steps = []
     for step in sorted({s for s, _ in attempts}):
         nodes = [n for task in sorted((t for s, t in attempts if s == step), key=lambda t: (len(t), t))
-                 if (n := _node(step, task, sorted(attempts[(step, task)]), (manifests, jobs, snaps), now))]
+                 if (n := _node(step, task, sorted(attempts[(step, task)]), (manifests, jobs, snaps), now, gangs))]
         if nodes:
-            steps.append(_step(step, nodes, price, mtbf_hours))
+            steps.append({**_step(step, nodes, price, mtbf_hours),
+                          "generations": [g for (s, _), (g, _, _) in sorted(gangs.items()) if s == step]})
     seconds = _sum(s["seconds"] for s in steps)
     node_s = sum(s["node_seconds"] for s in steps)
     other = seconds["other"]

@@ -32,6 +32,10 @@ from stoker.flow.current import ParallelInfo, current
 EXIT_REPLACED = 3  # a member whose slot was given to a spare: it leaves, and writes nothing of the task
 
 
+class GenerationCut(StokerError):
+    """torchrun was ended because its gang moved to a new generation (a node was replaced by a spare)."""
+
+
 def decision_wait_s(store_url: str | None, env: Mapping[str, str] | None = None) -> float:
     """How long a node whose torchrun failed waits for the driver to post a newer generation."""
     env = os.environ if env is None else env
@@ -162,8 +166,6 @@ class _Watch:
 
 def run_generations(helper: Any, link: GangLink, command: Callable[[], list[str]], env: Mapping[str, str]) -> None:
     """Run torchrun for each generation this node is part of until one succeeds (see the module docstring)."""
-    from stoker.distributed.torchrun import GenerationCut
-
     gen = link.generation()
     while True:
         slot = gen.slot_of(link.member)

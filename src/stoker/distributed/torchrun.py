@@ -36,6 +36,7 @@ from stoker.distributed.accel import (
     step_request,
     wants_neuron,
 )
+from stoker.distributed.generations import GangLink, GenerationCut, run_generations
 from stoker.distributed.torchrun_report import TorchrunStderr, preempted
 from stoker.errors import ConfigError, StokerError
 from stoker.flow.current import ParallelInfo, current
@@ -307,8 +308,6 @@ class TorchrunHelper:
                 if sync:
                     sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
             if self.gang is not None:  # a gang with spares: one torchrun per generation (distributed/generations.py)
-                from stoker.distributed.generations import run_generations
-
                 run_generations(self, self.gang, lambda: self.command(entrypoint, args, module, n), child_env)
             else:
                 self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
@@ -408,13 +407,7 @@ def _gang_link(par: ParallelInfo, port: Any, evict: bool) -> Any:
     """The link to its gang's generations of a node of a gang with spares (distributed/generations.py), else None."""
     if not getattr(par, "spares", 0):
         return None
-    from stoker.distributed.generations import GangLink
-
     return GangLink.for_task(par, int(port), evict)
-
-
-class GenerationCut(StokerError):
-    """torchrun was ended because its gang moved to a new generation (a node was replaced by a spare)."""
 
 
 def _short(cmd: list[str]) -> str:

@@ -95,6 +95,11 @@ def backend_options(func: Callable, engine: str | None = None) -> dict[str, Any]
     return dict(d.attributes) if d else {}
 
 
+def gang_spares(func: Callable) -> int:
+    """Hot spares the gang step asks for beside its nodes (0: none; distributed/gangboard.py)."""
+    return max((d.spares() for d in _decorators(func)), default=0)
+
+
 def plan_problems(func: Callable, resources: dict[str, Any], options: dict[str, Any]) -> list[str]:
     """Why the step cannot run as planned on a node with `resources` and backend `options` (empty: it can)."""
     return [p for d in _decorators(func) if (p := d.plan_problem(resources, options))]

@@ -34,8 +34,19 @@ class TorchrunDecorator(ParallelDecorator):
     def task_started(self, ctx: TaskContext) -> None:
         current._set(torch=helper_for(ctx.func, ctx.parallel))
 
+    def spares(self) -> int:
+        n = self.attributes.get("spares") or 0
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            from stoker.errors import ConfigError
+
+            raise ConfigError(f"@torchrun(spares={n!r}): give the number of spare nodes, an int of 0 or more")
+        return n
+
     def plan_problem(self, resources: dict[str, Any], options: dict[str, Any]) -> str | None:
-        """nproc_per_node that the node's devices cannot take (distributed/accel.py)."""
+        """spares that are no count of nodes; nproc_per_node that the node's devices cannot take (distributed/accel.py)."""
+        k = self.attributes.get("spares") or 0
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            return f"@torchrun(spares={k!r}): give the number of spare nodes, an int of 0 or more"
         n = self.attributes.get("nproc_per_node")
         if not n:
             return None
@@ -43,17 +54,6 @@ class TorchrunDecorator(ParallelDecorator):
 
         problem = nproc_problem(int(n), step_request(resources, options))
         return f"@torchrun(nproc_per_node={n}): {problem}" if problem else None
-
-
-def gang_spares(func: Any) -> int:
-    """The hot spares a @torchrun step asks for (`@torchrun(spares=k)`), else 0."""
-    own = next((d for d in getattr(func, "decorators", []) if isinstance(d, TorchrunDecorator)), None)
-    n = (own.attributes.get("spares") if own else 0) or 0
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        from stoker.errors import ConfigError
-
-        raise ConfigError(f"@torchrun(spares={n!r}): give the number of spare nodes, an int of 0 or more")
-    return n
 
 
 def helper_for(func: Any, par: Any) -> Any:

@@ -117,6 +117,10 @@ class StepDecorator:
     def resources_request(self) -> dict[str, Any]:
         return {}
 
+    def spares(self) -> int:
+        """Hot spares a gang step asks for beside its nodes (`@torchrun(spares=k)`)."""
+        return 0
+
     def plan_problem(self, resources: dict[str, Any], options: dict[str, Any]) -> str | None:
         return None
 

@@ -83,3 +83,16 @@ def latest_snapshot(store: BlobStore, flow: str, run_id: str, step: str, task_id
         if rec.get("kind") == "ledger":
             last = rec
     return last
+
+
+def ledger_segments(store: BlobStore, flow: str, run_id: str, step: str, task_id: str,
+                    attempt: int) -> list[dict[str, Any]]:
+    """The last snapshot of each trainer process that wrote this attempt's ledger, oldest first. One attempt has
+    several when a gang with hot spares moved to a new generation: its torchrun (and trainer) started again, on
+    the survivors and on the spare that took a lost node's slot, appending to the same series."""
+    last: dict[float, dict[str, Any]] = {}
+    for rec in iter_series(store, ledger_prefix(flow, run_id, step, task_id, attempt)):
+        created = rec.get("created_at")
+        if rec.get("kind") == "ledger" and isinstance(created, (int, float)):
+            last[float(created)] = rec
+    return [last[k] for k in sorted(last)]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stoker.client.gangs import step_gangs
 from stoker.store.blobs import BlobStore
 from stoker.store.manifest import read_run_record, run_prefix
 from stoker.store.metadata import MetadataDB
@@ -124,7 +125,8 @@ def live_attempts(store: BlobStore, home: Path, flow: str, run_id: str) -> set[t
 
 def run_detail(db: MetadataDB, store: BlobStore, flow: str, run_id: str, home: Path | None = None
                ) -> dict[str, Any] | None:
-    """A run: summary, parameters, steps with states, the DAG, every task with its attempts, the failure."""
+    """A run: summary, parameters, steps with states, the DAG, every task with its attempts, the failure, and the
+    generations of its gangs with hot spares (``gangs``: stoker.client.gangs.step_gangs)."""
     rec = db.get_run(flow, run_id)
     if rec is None:
         return None
@@ -163,13 +165,17 @@ def run_detail(db: MetadataDB, store: BlobStore, flow: str, run_id: str, home: P
             states[t["step"]] = "running"
     for name in {*states, *(t["step"] for t in tasks)}:
         edges.setdefault(name, [])
+    try:  # gangs with hot spares: their generations (which node left, which spare joined, the recovery time)
+        gangs = step_gangs(store, flow, run_id)
+    except Exception:  # noqa: BLE001 - unreadable objects: the rest of the page still shows
+        gangs = []
     return {"run": run_summary(rec, state), "params": rec.params,
             "steps": [{"name": s.step, "state": states[s.step], "num_tasks": s.num_tasks, "ok": s.num_ok,
                        "failed": s.num_failed, "running": s.num_running, "created_at": s.created_at,
                        "finished_at": s.finished_at} for s in steps],
             "dag": layout(edges, states), "tasks": tasks,
             "failure": first_failure(tasks) if rec.status != "succeeded" else None,
-            "guardian": record.get("guardian")}
+            "guardian": record.get("guardian"), "gangs": gangs}
 
 
 def task_exists(db: MetadataDB, flow: str, run_id: str, step: str, task_id: str) -> bool:

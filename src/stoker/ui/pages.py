@@ -111,6 +111,8 @@ data-status="{escape(r['status'])}">{escape(r['status'])}</span></h1>
 <section><h2>DAG</h2><div id="dag-box">{dag_svg(detail['dag'])}</div></section>
 <section><h2>Tasks</h2><table id="tasks" class="grid"><thead><tr><th>step</th><th>task</th><th>node</th>
 <th>attempt</th><th>status</th><th>took</th><th>host</th><th></th></tr></thead><tbody></tbody></table></section>
+<section id="generations" hidden><h2>Gang generations (hot spares)</h2><ul id="generation-list" class="generations">\
+</ul></section>
 <section id="failed-attempts" hidden><h2>Failed attempts</h2><ul id="failed-list" class="failures"></ul></section>
 <section id="goodput" hidden><h2>Where the time went (goodput)</h2><div id="goodput-body"></div></section>
 <section id="pipeline" hidden><h2>Pretraining pipeline</h2><div id="pipeline-body"></div></section>

@@ -19,8 +19,7 @@ from typing import Any
 
 from stoker.distributed.smoke import cap_gang
 from stoker.errors import StokerError
-from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline
-from stoker.features.torchrun import gang_spares
+from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline, gang_spares
 from stoker.runtime.contract import EXITED, Backend, InProcessBackend, JobRef, JobStatus, Unit
 from stoker.runtime.driver.attribution import Attribution
 from stoker.runtime.driver.causes import CONFIG, NEVER_STARTS, PREEMPTION  # NEVER_STARTS: no attempt can help

@@ -76,6 +76,7 @@
       ", the first to fail)" : "") + " attempt " + f.attempt + "</b>: " + (f.cause ? "cause: " + cause(f) + "<br>" : "") +
       esc(f.type) + ": " + esc(f.message) + (f.traceback ? "<pre>" + esc(f.traceback) + "</pre>" : "");
     drawFailed(d);
+    drawGenerations(d);
     $("tasks").tBodies[0].innerHTML = d.tasks.map(function (t) {
       return t.attempts.map(function (a) {
         return '<tr data-task="' + esc(t.step + "/" + t.task_id) + '"><td>' + esc(t.step) + "</td><td>" + esc(t.task_id) +
@@ -117,6 +118,26 @@
     }); });
     $("failed-attempts").hidden = !items.length;
     $("failed-list").innerHTML = items.join("");
+  }
+
+  function drawGenerations(d) {  // gangs with hot spares: each generation, which node left, who joined, recovery
+    var items = [];
+    (d.gangs || []).forEach(function (g) {
+      g.generations.forEach(function (x) {
+        var key = g.step + "/" + g.task_id + "/" + g.attempt + "/" + x.gen, l = x.lost, text;
+        if (!l) text = "members " + x.slots.join(", ") + " run nodes 0-" + (x.slots.length - 1);
+        else text = '<span class="gen-lost">node ' + esc(l.slot) + " left</span> (member " + esc(l.member) + ", host " +
+          esc(l.host || "?") + "): " + esc(l.why || "lost") + "; spare member " + esc(x.joined) +
+          (x.joined_host ? " (host " + esc(x.joined_host) + ")" : "") + " took its place; " +
+          (x.recovery_s !== null ? '<span class="gen-recovery">recovered in ' + x.recovery_s.toFixed(1) + " s</span>" :
+           "not training yet");
+        items.push('<li data-generation="' + esc(key) + '" data-recovery="' + esc(x.recovery_s === null ? "" :
+          x.recovery_s) + '"><b>' + esc(g.step) + " attempt " + g.attempt + ", generation " + x.gen + "</b> " + text +
+          "</li>");
+      });
+    });
+    $("generations").hidden = !items.length;
+    $("generation-list").innerHTML = items.join("");
   }
 
   function failedLog(d) {  // the failing task's log, else the newest running task's

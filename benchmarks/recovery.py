@@ -1,0 +1,248 @@
+"""Recovery from a lost node: a hot spare (`@torchrun(spares=1)`) against today's whole-gang retry, side by side.
+
+    python benchmarks/recovery.py                          # local, and Slurm when its daemons can run (~5 min)
+    python benchmarks/recovery.py --backend slurm --queue-wait 0,60
+    python benchmarks/recovery.py --backend local --json
+
+The same flow (tests/flows/spares_flow.py: a 2-node `@torchrun` gang training the tiny model with `stoker.train`, a
+checkpoint every 4 steps, `@retry(times=1)`) runs twice per backend and queue wait: with one spare, and with none
+(`SPARES_FLOW_SPARES=0`, what every orchestrator does today: the gang fails, is resubmitted, starts again and
+resumes from its checkpoint). In each run, once a checkpoint past step 12 is committed and two more steps are logged, node 1 is lost:
+- local: its member process and everything under it get SIGKILL at once (as a host that dies ends them);
+- Slurm (the localhost cluster of tests/slurm_cluster.py, 3 nodes, or SLURM_CONF's): its slurmd, step daemons and
+  job processes get SIGKILL (`SlurmCluster.kill_node`); the node is revived after the run.
+Recovery = the loss to the first training step after it: the first record rank 0 appends to metrics.jsonl (its
+`time`, written by the trainer itself; all nodes share this host's clock) after the kill for a step that had been
+logged before it (the restarted training redoes the steps since its checkpoint).
+
+Queue wait (Slurm only, `--queue-wait W`): right after the kill, a job asking for every node for W seconds is
+submitted (`sbatch --wrap "sleep W"`). A gang with a spare keeps its allocation, so that job waits until the run is
+over; the whole-gang retry queues behind it, as on a busy cluster. The ratio grows with W.
+
+Goal (issue 26): the spare recovers at least 5x faster on the local Slurm cluster. The exit status is non-zero when
+a run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+FLOW = REPO / "tests" / "flows" / "spares_flow.py"
+SRC = REPO / "src"
+STEPS = 80
+GOAL = 5.0
+
+
+@dataclass
+class Result:
+    backend: str
+    queue_wait_s: float
+    how: str  # "spare" or "retry"
+    recovery_s: float | None
+    wall_s: float
+    ok: bool
+    note: str = ""
+
+
+def tokens(folder: Path) -> Path:
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 256, size=97)
+    path = folder / "tokens.bin"
+    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(path)
+    return path
+
+
+class Lines:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for ln in list(self.lines):
+                if m := re.search(pattern, ln):
+                    return m
+            if self.proc.poll() is not None and not self.thread.is_alive():
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"no {pattern!r} in the run's output:\n" + "\n".join(self.lines[-40:]))
+
+
+def committed(ckpt: Path) -> int:
+    try:
+        return int((ckpt / "latest").read_text().strip().rsplit("_", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def logged(metrics: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def first_step_after(metrics: Path, t: float) -> float | None:
+    """When the first step of the restarted training was logged: the first record after `t` whose step was already
+    logged before it (training resumed from a checkpoint behind the kill; a step that was in flight at the kill
+    and logged just after it is not the restart)."""
+    records = logged(metrics)
+    before = max((int(r["step"]) for r in records if float(r.get("time", 0)) <= t), default=0)
+    return next((float(r["time"]) for r in records if float(r.get("time", 0)) > t and int(r["step"]) <= before), None)
+
+
+def kill_tree(pid: int) -> None:
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+
+
+def slurm_node_of(job: str, member: int) -> str:
+    for d in Path("/proc").iterdir():
+        try:
+            env = dict(v.split("=", 1) for v in (d / "environ").read_bytes().decode().split("\0") if "=" in v)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_NODEID") == str(member) and "SLURMD_NODENAME" in env:
+            return env["SLURMD_NODENAME"]
+    raise RuntimeError(f"no process of member {member} of Slurm job {job}")
+
+
+def one(root: Path, backend: str, how: str, wait: float, cluster: object | None, base_env: dict[str, str]) -> Result:
+    """One run: start the flow, lose node 1 after a checkpoint past step 12, measure the recovery."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{backend}-{how}-", dir=root))
+    ckpt, out = folder / "ckpt", folder / "out"
+    env = {**base_env, "STOKER_HOME": str(folder / "home"), "SPARES_FLOW_SPARES": "1" if how == "spare" else "0",
+           "STOKER_STORE": "", "STOKER_SHARED_PATHS": f"{root}:{FLOW.parent}"}
+    args = [sys.executable, "-u", str(FLOW), "run", "--data", str(root / "tokens.bin"), "--steps", str(STEPS),
+            "--ckpt", str(ckpt), "--out", str(out)]
+    if backend == "slurm":
+        args += ["--backend", "slurm=train"]
+    t0 = time.time()
+    proc = subprocess.Popen(args, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    blocker, node, killed = None, None, 0.0
+    try:
+        pid = int(lines.wait_for(r"spares_flow: node 1 member \S+ pid (\d+) attempt 0").group(1))
+        deadline = time.time() + 300
+        # a checkpoint past step 12, and two steps past it: the restart redoes steps already logged
+        while time.time() < deadline and proc.poll() is None and not (
+                (c := committed(ckpt)) >= 12 and max((int(r["step"]) for r in logged(out / "metrics.jsonl")),
+                                                     default=0) >= c + 2):
+            time.sleep(0.02)
+        if backend == "slurm":
+            job = lines.wait_for(r"submitted to slurm as job (\d+)").group(1)
+            node = slurm_node_of(job, 1 if how == "retry" else int(
+                lines.wait_for(r"spares_flow: node 1 member (\d+)").group(1)))
+            killed = time.time()
+            cluster.kill_node(node)  # type: ignore[attr-defined]
+            if wait > 0:
+                blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(cluster.nodes)}",  # type: ignore
+                                          "-p", cluster.partition, "--wrap", f"sleep {int(wait)}"],  # type: ignore
+                                         env={**os.environ, **cluster.env}, capture_output=True, text=True,  # type: ignore
+                                         check=True).stdout.strip()
+        else:
+            killed = time.time()
+            kill_tree(pid)
+        code = proc.wait(timeout=600 + wait)
+    except Exception:
+        print("\n".join(lines.lines[-60:]), file=sys.stderr)
+        raise
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        lines.thread.join(timeout=5)
+        if blocker:
+            subprocess.run(["scancel", blocker], env={**os.environ, **cluster.env}, check=False)  # type: ignore
+        if node:
+            cluster.revive_node(node)  # type: ignore[attr-defined]
+    first = first_step_after(out / "metrics.jsonl", killed)
+    text = "\n".join(lines.lines)
+    note = "the spare took its place" if "takes its place" in text else "whole-gang retry" if "retry 1 of" in text \
+        else "?"
+    if code != 0:
+        print(text[-4000:], file=sys.stderr)
+    return Result(backend, wait, how, None if first is None else first - killed, time.time() - t0, code == 0, note)
+
+
+@contextlib.contextmanager
+def slurm(root: Path) -> Iterator[object]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from slurm_cluster import SlurmCluster, available
+
+    if reason := available():
+        raise RuntimeError(reason)
+    with SlurmCluster(root / "cluster", nodes=3) as cluster:
+        yield cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=["local", "slurm", "all"], default="all")
+    ap.add_argument("--queue-wait", default="0", help="Slurm: seconds of simulated queue wait, comma-separated")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    waits = [float(w) for w in a.queue_wait.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="stoker-recovery-"))
+    tokens(root)
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1"}
+    results: list[Result] = []
+    if a.backend in ("local", "all"):
+        for how in ("spare", "retry"):
+            results.append(one(root, "local", how, 0.0, None, base))
+            print(asdict(results[-1]), flush=True)
+    if a.backend in ("slurm", "all"):
+        try:
+            with slurm(root) as cluster:
+                env = {**base, **cluster.env}  # type: ignore[attr-defined]
+                for wait in waits:
+                    for how in ("spare", "retry"):
+                        results.append(one(root, "slurm", how, wait, cluster, env))
+                        print(asdict(results[-1]), flush=True)
+        except RuntimeError as e:
+            print(f"Slurm rows skipped: {e}", file=sys.stderr)
+    if a.json:
+        print(json.dumps([asdict(r) for r in results], indent=1))
+    print(f"\n{'backend':8} {'queue wait':>10} {'spare':>9} {'retry':>9} {'ratio':>7}  goal")
+    for backend in ("local", "slurm"):
+        for wait in sorted({r.queue_wait_s for r in results if r.backend == backend}):
+            by = {r.how: r for r in results if r.backend == backend and r.queue_wait_s == wait}
+            s, r = by.get("spare"), by.get("retry")
+            if not s or not r or s.recovery_s is None or r.recovery_s is None:
+                print(f"{backend:8} {wait:>9.0f}s  (a run failed: see above)")
+                continue
+            ratio = r.recovery_s / s.recovery_s
+            goal = f">= {GOAL:.0f}x {'met' if ratio >= GOAL else 'NOT met'}" if backend == "slurm" else ""
+            print(f"{backend:8} {wait:>9.0f}s {s.recovery_s:>8.1f}s {r.recovery_s:>8.1f}s {ratio:>6.1f}x  {goal}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
