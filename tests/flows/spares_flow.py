@@ -1,6 +1,7 @@
 """Trains the tiny model under @torchrun (a gang of `nodes` nodes x 1 process) with one hot spare and a checkpoint
-every 4 steps (and, with $SPARES_FLOW_EVICT=1, a straggler evicted); each node prints its member and pid so a test can kill one from outside mid-training (the spare takes
-its place in the same job: tests/integration/test_spares.py and the Slurm and Batch ones)."""
+every 4 steps (and, with $SPARES_FLOW_EVICT=1, a straggler evicted); each node prints its member and pid so a test
+can kill one from outside mid-training (the spare takes its place in the same job: tests/integration/test_spares.py
+and the Slurm and Batch ones; benchmarks/recovery.py)."""
 
 import os
 from pathlib import Path

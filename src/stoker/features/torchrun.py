@@ -43,7 +43,8 @@ class TorchrunDecorator(ParallelDecorator):
         return n
 
     def plan_problem(self, resources: dict[str, Any], options: dict[str, Any]) -> str | None:
-        """spares that are no count of nodes; nproc_per_node that the node's devices cannot take (distributed/accel.py)."""
+        """spares that are no count of nodes; nproc_per_node that the node's devices cannot take
+        (distributed/accel.py)."""
         k = self.attributes.get("spares") or 0
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             return f"@torchrun(spares={k!r}): give the number of spare nodes, an int of 0 or more"
