@@ -7,8 +7,8 @@
 The same flow (tests/flows/spares_flow.py: a 2-node `@torchrun` gang training the tiny model with `stoker.train`, a
 checkpoint every 4 steps, `@retry(times=1)`) runs twice per backend and queue wait: with one spare, and with none
 (`SPARES_FLOW_SPARES=0`, what every orchestrator does today: the gang fails, is resubmitted, starts again and
-resumes from its checkpoint). In each run, once a checkpoint past step 12 is committed and two more steps are logged, node 1 is
-lost:
+resumes from its checkpoint). In each run, once a checkpoint past step 12 is committed and two more steps are
+logged, node 1 is lost:
 - local: its member process and everything under it get SIGKILL at once (as a host that dies ends them);
 - Slurm (the localhost cluster of tests/slurm_cluster.py, 3 nodes, or SLURM_CONF's): its slurmd, step daemons and
   job processes get SIGKILL (`SlurmCluster.kill_node`); the node is revived after the run.
