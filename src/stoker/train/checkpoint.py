@@ -255,6 +255,20 @@ class Checkpointer:
     def finalize(self) -> None:
         self.wait()
 
+    def close(self) -> None:
+        """Teardown on every rank: a pending async save is waited for (its error only logged: on a clean end
+        :meth:`finalize` has waited already) and the background thread joined; the checkpoint's own gloo group is
+        let go here and destroyed with the others by ``destroy_process_group()`` (after the ranks' last barrier),
+        so that nothing keeps it, and its gloo worker threads, alive to the interpreter's exit."""
+        try:
+            self.wait()
+        except CheckpointError as e:
+            log.warning("a pending async checkpoint failed at shutdown: %s", e)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._async_group = None
+
     def _writer(self, tmp: str) -> Any:
         """DCP's writer into folder ``tmp``; on an object store every rank streams its shards there as parallel
         multipart uploads, hashing them on the way (:mod:`stoker.train.checkpoint_objects`)."""

@@ -8,6 +8,7 @@ data-parallel ranks (ZeRO-1) or reduced by FSDP2, clipped by their global norm, 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import logging
@@ -17,6 +18,7 @@ import random
 import signal
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,13 @@ class Trainer:
     step_timer: Any = NULL_TIMER  # fit() sets its straggler monitor's timer (stoker.train.stragglers)
 
     def __init__(self, cfg: TrainConfig, *, resume_from: str | None = None) -> None:
+        try:
+            self._build(cfg, resume_from)
+        except BaseException:
+            self.close()  # a half-built trainer lets its process groups go too
+            raise
+
+    def _build(self, cfg: TrainConfig, resume_from: str | None) -> None:
         # long on purpose: device, data, model, parallelism, optimizer, checkpoint in the one order they depend
         # on each other; each step's checks sit next to it
         self.cfg = cfg
@@ -182,6 +191,29 @@ class Trainer:
             with self.ledger.timed("checkpoint_load"):
                 self.load(self.resumed_from)
             self.ledger.resumed(self.step)
+
+    def close(self) -> None:
+        """Let go of everything that holds a process group, so that ``destroy_process_group`` really destroys them.
+
+        Needed on every exit path before the group is destroyed: ``destroy_process_group`` only drops torch's own
+        references, and a ``ProcessGroupGloo`` joins its worker threads only when its last reference goes. Ours
+        would outlive the run: the model (FSDP2's state holds the data-parallel group), the optimizer (DTensor
+        state), the async checkpoint's group, and the device mesh, whose ``_pg_registry`` holds every group of the
+        mesh while DTensor's global sharding-propagation cache keeps the mesh alive for the rest of the process.
+        A gloo worker thread still alive at interpreter exit frees its last collective's tensors there, which takes
+        the GIL; Python 3.11 ends such a thread (``pthread_exit``) inside that noexcept destructor and the process
+        aborts ("terminate called without an active exception", SIGABRT) after a run that succeeded."""
+        checkpointer = vars(self).pop("checkpointer", None)
+        if checkpointer is not None:
+            checkpointer.close()  # waits for a pending async save: its thread uses the groups
+        dims = vars(self).get("dims")
+        if dims is not None and dims.mesh is not None:
+            registry = getattr(dims.mesh, "_pg_registry", None)  # torch >= 2.9: the groups of the mesh, strongly
+            if isinstance(registry, dict):
+                registry.clear()  # the mesh finds its groups by name outside torch.compile; none are used after this
+            dims.mesh = None
+        for name in ("model", "optimizer", "schedule", "dp_group", "step_timer"):
+            vars(self).pop(name, None)
 
     # -- checkpoint state -------------------------------------------------------------------------
     def state_dict(self, *, for_load: bool = False, trainer_key: str | None = None) -> dict[str, Any]:
@@ -289,6 +321,9 @@ class Trainer:
         saved_at = self.step if self.resumed_from else -1
         stragglers, interval = StragglerMonitor.start(self), CheckpointInterval.start(self)
         self.ledger.loop_started(self.step, tokens_per_step, interval.every)
+        # a gang with spares times its recovery up to this process's first step (distributed/generations.py)
+        first_step_file = os.environ.get("STOKER_FIRST_STEP_FILE") if os.environ.get("RANK", "0") == "0" else None
+        evict_file = os.environ.get("STOKER_EVICT_FILE") if os.environ.get("RANK", "0") == "0" else None
         try:
             while self.step < min(t.steps, stop_at):
                 lr = self.schedule.apply()
@@ -304,6 +339,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.schedule.step()
                 self.step += 1
+                if first_step_file:
+                    _mark_time(first_step_file)
+                    first_step_file = None
                 stragglers.end_step(self.step)
                 losses.append(loss)
                 steps_since_log += 1
@@ -327,6 +365,10 @@ class Trainer:
                     writer.advance(self.step)
                 if interval.due(self.step) and self.step < t.steps:  # every N steps, or auto (train/interval.py)
                     last_ckpt, saved_at = interval.save(), self.step
+                    if evict_file and (slow := stragglers.slow_node()) is not None:  # a spare may take its place
+                        _mark_time(evict_file, {"node": slow["node"], "host": slow.get("host"), "step": self.step,
+                                                "message": slow.get("message", "")})
+                        evict_file = None
                 if self.step < min(t.steps, stop_at) and sigterm.agreed(self.device):
                     if saved_at != self.step:
                         last_ckpt, saved_at = self.save(), self.step
@@ -389,6 +431,15 @@ def _init_distributed(acc: Any) -> bool:
     return True
 
 
+def _mark_time(path: str, doc: dict[str, Any] | None = None) -> None:
+    """Write the time now (epoch seconds; with `doc`, `doc` and the time as JSON) to `path`, atomically; best
+    effort. How a gang with spares hears of its first step and of a straggler to evict (distributed/generations.py)."""
+    with contextlib.suppress(OSError):
+        with open(f"{path}.tmp", "w") as f:
+            f.write(json.dumps({**doc, "at": time.time()}) if doc is not None else repr(time.time()))
+        os.replace(f"{path}.tmp", path)
+
+
 def run_training(cfg: TrainConfig | dict[str, Any], *, resume_from: str | None = None) -> dict[str, Any]:
     """Train according to ``cfg`` (a :class:`TrainConfig` or its dict form) on this process's rank.
 
@@ -401,13 +452,23 @@ def run_training(cfg: TrainConfig | dict[str, Any], *, resume_from: str | None =
     acc = _accelerator(config.train.accelerator)
     created = _init_distributed(acc)
     finished = False
+    trainer: Trainer | None = None
     try:
         trainer = Trainer(config, resume_from=resume_from)
         result = trainer.fit()
         result["config"] = config.to_dict()
         finished = True
         return result
+    except BaseException as exc:
+        # the failed run's frames (the model, tensors and their autograd graph in their locals) would keep the
+        # groups alive past their destruction, to the interpreter's exit; the traceback keeps its lines
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
+        if trainer is not None:
+            trainer.close()  # nothing of ours keeps a process group (or its gloo threads) past its destruction
+        trainer = None
+        gc.collect()  # FSDP2's module state sits in reference cycles: freed now, while the groups still exist
         if created:
             if finished:  # no rank tears its connections down while another still uses them (gloo aborts)
                 dist.barrier()

@@ -30,12 +30,16 @@ torch.set_num_threads(1)
 STEPS, STOP = 4, 2
 
 # one torchrun launch runs several jobs in the same process group (process start-up dominates on CPU)
+# stoker is imported before the group exists, as `python -m stoker.train` does: imported later, torch's
+# torch.distributed.nn.functional (DCP imports it) takes the default group as its functions' default arguments
+# and keeps it, with its gloo threads, to the interpreter's exit. After the group is destroyed no gloo thread may
+# be left: one still alive at exit can abort a finished run ("terminate called without an active exception").
 WORKER = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     import torch, torch.distributed as dist
+    from stoker.train.trainer import run_training
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    from stoker.train.trainer import run_training
     jobs = json.load(open(sys.argv[1]))
     results = []
     for job in jobs:
@@ -46,6 +50,22 @@ WORKER = textwrap.dedent("""
         json.dump(results, open(sys.argv[2], "w"))
     dist.barrier()  # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
+
+    def gloo_threads():
+        names = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                names.append(open(f"/proc/self/task/{tid}/comm").read().strip())
+            except OSError:  # exited meanwhile
+                pass
+        return [n for n in names if "gloo" in n]
+
+    if os.path.isdir("/proc/self/task"):
+        deadline = time.monotonic() + 5
+        while gloo_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if gloo_threads():
+            sys.exit(f"gloo threads outlive destroy_process_group: {gloo_threads()}")
 """)
 
 

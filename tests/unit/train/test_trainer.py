@@ -147,6 +147,24 @@ def test_nan_loss_stops_with_step_and_hint(tmp_path: Path, tokens: Path):
         run_training(bad)
 
 
+def test_close_lets_go_of_everything_that_holds_a_process_group(tmp_path: Path, tokens: Path):
+    """run_training closes its trainer before the group is destroyed, so that destroy_process_group frees the
+    groups (and joins their gloo threads; test_parallel checks that none is left) while the interpreter runs."""
+    from stoker.train.config import as_config
+    from stoker.train.trainer import Trainer
+
+    trainer = Trainer(as_config(cfg(tmp_path, tokens, train={"steps": 2}, checkpoint={"async_save": True})))
+    assert trainer.fit()["checkpoint"].endswith("step_00000002")
+    checkpointer = trainer.checkpointer
+    assert checkpointer._executor is not None  # the async save's thread
+    trainer.close()
+    assert checkpointer._executor is None and checkpointer._async_group is None and checkpointer._pending is None
+    for name in ("checkpointer", "model", "optimizer", "schedule", "dp_group"):
+        assert name not in vars(trainer), name
+    assert trainer.dims.mesh is None
+    trainer.close()  # twice is harmless
+
+
 def test_cli_entrypoint(tmp_path: Path, tokens: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "stoker.train", "--data", str(tokens), "--data.block_size", "33", "--steps", "2",
