@@ -16,6 +16,7 @@ The objects, under the gang's attempt (`runs/<flow>/<run>/<step>/<node 0's task>
     member-3.json       member 3's address and host, written when it starts (a spare rewrites it while it waits)
     started-000001.json when generation 1's first training step was done (its recovery time ends there)
     evict-000001.json   generation 1's trainer asks for its straggler node to be swapped for a spare
+    failed-000001-2.json  member 2's torchrun of generation 1 failed (a peer left): less silence proves a loss
     end.json            the gang is over (`done` or `stopped`): waiting spares exit
 """
 
@@ -136,6 +137,22 @@ class GangBoard:
             return json.loads(data) if data else None
         except ValueError:
             return None
+
+    def report_failure(self, member: int, gen: int) -> None:
+        """Member `member`'s torchrun of generation `gen` failed (a peer left its collectives, most likely): the
+        driver then needs less silence to call the silent node lost."""
+        self._write(f"failed-{gen:06d}-{member}.json", {"member": member, "gen": gen, "at": time.time()})
+
+    def failures(self, gen: int) -> dict[int, float]:
+        """member -> when it reported its torchrun of generation `gen` failed."""
+        out = {}
+        for name in self.store.list(f"{self.prefix}failed-{gen:06d}-"):
+            try:
+                doc = json.loads(self.store.read(name))
+                out[int(doc["member"])] = float(doc["at"])
+            except (ValueError, KeyError, TypeError, OSError):
+                continue
+        return out
 
     # -- members -------------------------------------------------------------------------------------------------
     def announce(self, member: int, addr: str, host: str, state: str) -> None:

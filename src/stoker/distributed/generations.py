@@ -195,6 +195,10 @@ def run_generations(helper: Any, link: GangLink, command: Callable[[], list[str]
         except (ConfigError, Preempted):
             raise
         except StokerError as e:
+            try:
+                link.board.report_failure(link.member, gen.gen)
+            except Exception:  # noqa: BLE001 - the driver then waits for the heartbeat's full timeout
+                pass
             nxt = link.next_after(gen, link.wait_s)
             if nxt is None:
                 raise

@@ -112,8 +112,10 @@ class NodeWatch:
         self.checked[ref.job_id] = now
         return seen
 
-    def lost(self, ref: JobRef, tasks: list[Any], now: float, threshold: float | None = None) -> Lost | None:
-        """The member of `ref` judged lost now (see the module docstring), or None."""
+    def lost(self, ref: JobRef, tasks: list[Any], now: float, threshold: float | None = None,
+             peer_failed_at: float | None = None) -> Lost | None:
+        """The member of `ref` judged lost now (see the module docstring), or None. `peer_failed_at`: when a node of
+        a gang with spares said its torchrun failed (it waits for the driver instead of ending)."""
         seen = self.look(ref, tasks, now)
         limit = self.timeout if threshold is None else threshold
         ended = {i: s.doc for i, s in seen.items() if s.doc.get("state") == "ended"}
@@ -122,7 +124,8 @@ class NodeWatch:
             s, t = seen[i], tasks[i]
             last_at = float(s.doc.get("at") or 0)
             # the others failed after its last beat: they report the collective it left, so two missed beats will do
-            reported = any(d.get("code") and float(d.get("at") or 0) > last_at for j, d in ended.items() if j != i)
+            reported = any(d.get("code") and float(d.get("at") or 0) > last_at for j, d in ended.items() if j != i) \
+                or (peer_failed_at is not None and peer_failed_at > last_at)
             quiet = now - s.changed > (min(limit, 2 * self.interval) if reported and threshold is None else limit)
             # evidence that the silence is a loss: a peer still beating (it waits for this one), or one that failed;
             # peers that all ended well say nothing (this node may still be saving its artifacts, the GIL held)

@@ -5,8 +5,8 @@ on an engine whose main node ends the job when it exits, AWS Batch, the main nod
 generation 0 is posted before any member starts. At every poll of the job (`check`) an active member is judged
 lost when
 - its process ended without a word of its own (killed by a signal, or it left as replaced): a local member;
-- its heartbeat went silent (runtime/driver/lostnodes.py: NodeWatch): a remote one; or its engine says it ended and
-  its task wrote no manifest.
+- its heartbeat went silent (runtime/driver/lostnodes.py: NodeWatch): a remote one; two missed beats are enough once a
+  survivor said its torchrun failed after the silent node's last beat (`failed-*.json`).
 Then, if a spare is alive (its process runs; a remote one rewrote its record within `SPARE_FRESH_S`), the next
 generation gives the lost node's slot to it: the task keeps its attempt and goes on under the spare's member (no
 new submission, no queue); the survivors restart torchrun on the new rendezvous. With no spare left, the gang fails
@@ -84,7 +84,8 @@ class Spares:
         self._evict(g, ref, running, status)
         found = None
         if g.remote and now - self.watch.checked.get(ref.job_id, 0.0) >= self.watch.every:
-            found = self.watch.lost(ref, tasks, now)
+            said = g.board.failures(g.gen.gen)  # survivors whose torchrun failed: a peer left them
+            found = self.watch.lost(ref, tasks, now, peer_failed_at=min(said.values()) if said else None)
         for t in running:
             lost = self._lost(g, t, tasks, status, found, now)
             if lost is None:

@@ -1,0 +1,172 @@
+"""The parts of hot spares that need no gang (issue 26): the generation objects in a real store (gangboard), the
+first slots of each engine, how the driver picks a spare and replaces a lost member (runtime/driver/spares.py, with
+a real NodeWatch and store, the scheduler's tasks as plain objects), a spare that waits for a slot or for the end
+(runtime/member/standby.py, a thread posting the generation), and `member_spec` of a unit with spares."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from stoker.distributed.gangboard import GangBoard, Generation, first_slots
+from stoker.runtime.contract import EXITED, RUNNING, JobRef, JobStatus, Unit
+from stoker.runtime.driver.lostnodes import NodeWatch
+from stoker.runtime.driver.spares import Spares
+from stoker.runtime.member.node import member_spec
+from stoker.runtime.member.nodeenv import NodeIdentity
+from stoker.runtime.member.standby import wait_for_slot
+from stoker.runtime.spec import GangSlot, TaskSpec
+from stoker.store.blobs import open_store
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(str(tmp_path / "store"))
+
+
+def specs(n: int, store_url: str) -> list[TaskSpec]:
+    return [TaskSpec(flow="F", run_id="1", step="train", task_id=str(10 + i), store_url=store_url,
+                     parallel=slot) for i, slot in enumerate(GangSlot.gang(n, "10"))]
+
+
+def test_generations_round_trip_in_the_store(store):
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    assert board.current() is None and board.ended() is None
+    board.post(Generation(0, [0, 1]))
+    board.post(Generation(1, [2, 1], lost={"slot": 0, "member": 0, "host": "a", "why": "x", "at": 5.0}, joined=2))
+    assert board.current().slots == [2, 1] and board.current().slot_of(2) == 0 and board.current().slot_of(0) is None
+    assert [g.gen for g in board.history()] == [0, 1] and board.generation(0).slots == [0, 1]
+    board.mark_started(1, 12.5)
+    board.report_failure(1, 1)
+    board.request_eviction(1, {"node": 1})
+    board.announce(2, "10.0.0.3", "n3", "standby")
+    board.end("done")
+    assert board.started(1) == 12.5 and list(board.failures(1)) == [1] and board.eviction(1) == {"node": 1}
+    assert board.member(2)["addr"] == "10.0.0.3" and board.ended() == "done"
+    assert board.prefix == "runs/F/1/train/10/0/gang/"
+
+
+def test_first_slots_keep_the_main_node_last_where_its_exit_ends_the_job():
+    assert first_slots(2, 1) == [0, 1]
+    assert first_slots(2, 1, main_is_spare=True) == [1, 2]
+    assert first_slots(3, 0, main_is_spare=True) == [0, 1, 2]  # no spare: nothing to keep
+
+
+def _gang(store, remote: bool = False, main_node_spare: bool = False):
+    said: list[str] = []
+    watch = NodeWatch(store, "F", "1", timeout=6.0)
+    spares = Spares(store, "F", "1", lambda text, style: said.append(text), watch)
+    unit = Unit(kind="gang", flow="F", run_id="1", step="train", specs=specs(2, store.url))
+    spares.prepare(unit, 1, main_node_spare)
+    ref = JobRef("local", "j1", members=unit.nodes, kind="gang", step="train")
+    spares.track(ref, unit, remote)
+    tasks = [SimpleNamespace(state="running", job=ref, stopping=False, step="train", parallel=s.parallel,
+                             member=unit.first_slots[i], task_id=s.task_id, attempt=0)
+             for i, s in enumerate(unit.specs)]
+    return spares, unit, ref, tasks, said
+
+
+def test_prepare_gives_members_and_posts_generation_zero(store):
+    spares, unit, ref, tasks, _ = _gang(store, main_node_spare=True)
+    assert unit.nodes == 3 and unit.first_slots == [1, 2]
+    assert [s.parallel.member for s in unit.specs] == [1, 2] and all(s.parallel.spares == 1 for s in unit.specs)
+    assert GangBoard.of(store, "F", "1", "train", "10", 0).current().slots == [1, 2]
+    assert '"spares": 1' in unit.spec_document().decode()
+
+
+def test_a_killed_member_is_replaced_by_the_live_spare(store):
+    spares, unit, ref, tasks, said = _gang(store)
+    status = JobStatus(RUNNING, members={0: JobStatus(RUNNING), 1: JobStatus(EXITED, exit_code=-9),
+                                         2: JobStatus(RUNNING)})
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[1].member == 2 and tasks[0].member == 0
+    gen = GangBoard.of(store, "F", "1", "train", "10", 0).current()
+    assert gen.gen == 1 and gen.slots == [0, 2] and gen.lost["member"] == 1 and gen.joined == 2
+    assert "killed by signal 9; spare member 2 takes its place in generation 1" in said[-1]
+    # the spare lost too: none left, the gang fails as one (the scheduler then sees member 2's exit)
+    status.members[2] = JobStatus(EXITED, exit_code=-9)
+    spares.check(ref, tasks, status, time.time())
+    assert "no spare left: the gang fails as one" in said[-1] and tasks[1].member == 2
+
+
+def test_a_member_that_failed_on_its_own_is_not_replaced(store):
+    """Exit 1 with its manifest (an error in training): the gang's own failure, handled as without spares."""
+    spares, unit, ref, tasks, said = _gang(store)
+    status = JobStatus(RUNNING, members={0: JobStatus(RUNNING), 1: JobStatus(EXITED, exit_code=1),
+                                         2: JobStatus(RUNNING)})
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[1].member == 1 and not said
+    assert GangBoard.of(store, "F", "1", "train", "10", 0).current().gen == 0
+
+
+def test_a_dead_spare_is_not_chosen_and_the_gang_end_is_posted(store):
+    spares, unit, ref, tasks, said = _gang(store)
+    status = JobStatus(RUNNING, members={0: JobStatus(EXITED, exit_code=-9), 1: JobStatus(RUNNING),
+                                         2: JobStatus(EXITED, exit_code=0)})
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[0].member == 0 and "no spare left" in said[-1]
+    for t in tasks:
+        t.state = "ok"
+    spares.over(ref, tasks)
+    assert GangBoard.of(store, "F", "1", "train", "10", 0).ended() == "done"
+
+
+def test_a_remote_spare_must_have_announced_itself_lately(store):
+    spares, unit, ref, tasks, said = _gang(store, remote=True)
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    status = JobStatus(RUNNING, members={0: JobStatus(RUNNING), 1: JobStatus(EXITED, exit_code=-9),
+                                         2: JobStatus(RUNNING)})
+    spares.check(ref, tasks, status, time.time())
+    assert "no spare left" in said[-1]  # member 2 never said it waits
+    board.announce(2, "10.0.0.3", "n3", "standby")
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[1].member == 2 and board.current().slots == [0, 2]
+
+
+def test_a_straggler_eviction_request_swaps_the_node(store):
+    spares, unit, ref, tasks, said = _gang(store)
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    board.request_eviction(0, {"node": 0, "host": "a", "step": 8, "message": "straggler: node 0 (host a) slow"})
+    status = JobStatus(RUNNING, members={i: JobStatus(RUNNING) for i in range(3)})
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[0].member == 2 and board.current().lost["why"].startswith("evicted as a straggler after the "
+                                                                           "checkpoint of step 8")
+
+
+def test_a_spare_waits_for_its_slot(store):
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    board.post(Generation(0, [0, 1]))
+    got: list = []
+    ident = NodeIdentity(member=2, num_nodes=3, main_addr="127.0.0.1")
+    t = threading.Thread(target=lambda: got.append(wait_for_slot(specs(2, store.url), ident, 1, board, 0.02)))
+    t.start()
+    time.sleep(0.2)
+    assert board.member(2)["state"] == "standby" and not got
+    board.post(Generation(1, [0, 2], joined=2))
+    t.join(timeout=5)
+    assert got == [1] and board.member(2)["state"] == "active"
+
+
+def test_a_spare_that_was_not_needed_goes_home(store):
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    board.post(Generation(0, [0, 1]))
+    board.end("done")
+    ident = NodeIdentity(member=2, num_nodes=3, main_addr="127.0.0.1")
+    assert wait_for_slot(specs(2, store.url), ident, 1, board, 0.02) is None
+    doc = {"kind": "gang", "specs": specs(2, store.url), "spares": 1, "first_slots": [0, 1]}
+    with pytest.raises(SystemExit) as e:
+        member_spec(doc, {"STOKER_MEMBER": "2", "STOKER_NUM_NODES": "3", "STOKER_MAIN_ADDR": "127.0.0.1"})
+    assert e.value.code == 0
+
+
+def test_member_spec_of_an_active_member_of_a_gang_with_spares(store):
+    GangBoard.of(store, "F", "1", "train", "10", 0).post(Generation(0, [1, 2]))
+    doc = {"kind": "gang", "specs": specs(2, store.url), "spares": 1, "first_slots": [1, 2]}
+    spec = member_spec(doc, {"STOKER_MEMBER": "2", "STOKER_NUM_NODES": "3", "STOKER_MAIN_ADDR": "10.0.0.1",
+                             "STOKER_MAIN_PORT": "29500"})
+    assert spec.task_id == "11" and spec.parallel.node_index == 1 and spec.parallel.num_nodes == 2
+    assert spec.parallel.member == 2 and spec.parallel.main_ip == "10.0.0.1"
+    assert GangBoard.of(store, "F", "1", "train", "10", 0).member(2)["state"] == "active"
