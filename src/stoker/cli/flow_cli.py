@@ -51,10 +51,13 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"python {name}", description=(flow_cls.__doc__ or "").strip() or None)
     ap.add_argument("--with", dest="global_with", action="append", default=[], help=argparse.SUPPRESS)
     if get_flow_decorator(flow_cls, "project") is not None:  # as Metaflow: top-level options of @project
+        # as Metaflow's click options (auto_envvar_prefix METAFLOW): $METAFLOW_PRODUCTION / $METAFLOW_BRANCH give
+        # the defaults (_project_options)
         ap.add_argument("--production", action="store_true", default=False,
-                        help="use the @project's production branch (a custom one: --branch)")
-        ap.add_argument("--branch", default=None, help="use the given branch name under @project (default: "
-                        "user.<username> unless --production)")
+                        help="use the @project's production branch (a custom one: --branch); "
+                        "default: $METAFLOW_PRODUCTION")
+        ap.add_argument("--branch", default=None, help="use the given branch "
+                        "name under @project (default: $METAFLOW_BRANCH, else user.<username> unless --production)")
     sub = ap.add_subparsers(dest="command", metavar="{run,resume,check,show,logs,dump,tag}")
     run = sub.add_parser("run", help="run the flow")
     _common(run)
@@ -216,9 +219,25 @@ def _overrides(raw: list[str]) -> dict[str, Any]:
     return out
 
 
+def _env_flag(var: str) -> bool:
+    """A boolean top-level option's value from the environment, read as Metaflow's click reads it."""
+    value = os.environ.get(var)
+    if value is None:
+        return False
+    if value.lower() in ("true", "t", "1", "yes", "y"):
+        return True
+    if value.lower() in ("false", "f", "0", "no", "n"):
+        return False
+    raise ConfigError(f"${var}={value!r} is not a valid boolean: set it to true or false (or unset it)")
+
+
 def _project_options(args: argparse.Namespace) -> dict[str, Any]:
     """@project's `--branch` / `--production` (top-level options, present only for a flow with @project)."""
-    return {"branch": getattr(args, "branch", None), "production": getattr(args, "production", False)}
+    if not hasattr(args, "branch"):
+        return {"branch": None, "production": False}
+    # read when the flow starts, so a flow file may set them before its class
+    return {"branch": args.branch if args.branch is not None else os.environ.get("METAFLOW_BRANCH") or None,
+            "production": bool(args.production) or _env_flag("METAFLOW_PRODUCTION")}
 
 
 def _given_params(flow_cls: type, args: argparse.Namespace) -> dict[str, Any]:

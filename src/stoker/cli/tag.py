@@ -48,6 +48,20 @@ def _echo(text: str, quiet: bool = False, err: bool = True) -> None:
         print(re.sub(r"\*([^*\n]+)\*", r"\1", text), file=sys.stderr if err else sys.stdout)
 
 
+def _header(flow: str, quiet: bool) -> None:
+    """The first line of a command's output on stderr, as Metaflow's ("Metaflow 2.19.39 executing Flow for
+    user:x"): scripts that read `tag list --flat` skip it. --quiet leaves it out; an error is its one line."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from stoker.store.paths import current_user
+
+    try:
+        ours = version("stoker")
+    except PackageNotFoundError:  # a source tree that is not installed
+        ours = "(source)"
+    _echo(f"stoker {ours} executing *{flow}* for *user:{current_user()}*", quiet)
+
+
 def _run(flow: str, run_id: str | None, ns: str | None) -> Any:
     """The run ``flow/run_id`` looked up in namespace ``ns``, or a ConfigError saying what to pass."""
     from stoker.client import Flow, NamespaceMismatch, NotFound, Run, namespace
@@ -137,6 +151,7 @@ def tag_command(flow: str, args: Any, quiet: bool = False) -> int:
         run.remove_tags(args.tags)
     else:
         run.replace_tags(args.tags_to_remove, args.tags_to_add)
+    _header(flow, quiet)
     _echo("Operation successful. New tags:", quiet, err=cmd != "add")
     _print_run(run, quiet)
     return 0
@@ -189,6 +204,7 @@ def _list(flow: str, args: Any, quiet: bool) -> int:
     for run in runs:
         add(run)
         pathspecs.append(run.pathspec)
+    _header(flow, quiet)
     if not args.group_by_run and not args.group_by_tag:
         system = {",".join(pathspecs): system.get("_", set())}
         every = {",".join(pathspecs): every.get("_", set())}

@@ -48,6 +48,32 @@ def client_db() -> MetadataDB:
         return _dbs[key]
 
 
+def _db_at(path: str) -> MetadataDB:
+    """The index at ``path`` (one connection per process), the client's own when it is that one or is gone."""
+    own = client_db()
+    if not path or Path(path) == own.path or not Path(path).exists():
+        return own
+    key = (Path(path), os.getpid())
+    with _lock:
+        if key not in _dbs:
+            _dbs[key] = MetadataDB(key[0])
+        return _dbs[key]
+
+
+def _reconnect(cls: type, pathspec: str, attempt: int | None, db_path: str, store_url: str | None) -> Any:
+    """A pickled client object again (ClientObject.__reduce__), without a second namespace check (as Metaflow's,
+    it was checked when it was made)."""
+    kw: dict[str, Any] = {"db": _db_at(db_path), "_namespace_check": False}
+    if store_url:
+        try:
+            kw["store"] = open_store(store_url)
+        except Exception:  # noqa: BLE001 - a store this process cannot open: the client's own, when read
+            pass
+    if attempt is not None:
+        kw["attempt"] = attempt
+    return cls(pathspec, **kw)
+
+
 def client_store() -> BlobStore:
     """The blob store the client reads: ``<home>/store`` of the home chosen with :func:`metadata` (unless
     ``$STOKER_STORE`` names one), else the default store."""
@@ -147,6 +173,14 @@ class ClientObject:
     def __repr__(self) -> str:
         return f"{type(self).__name__}('{self.pathspec}')"
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (e.g. stored as an artifact) as what identifies it, as Metaflow's client objects are: its class,
+        pathspec, the attempt asked for, and where its index and store were; it reconnects when unpickled."""
+        task = getattr(self, "_task", self)  # an artifact: its task's attempt
+        store = self._store_obj.url if self._store_obj is not None else None
+        return (_reconnect, (type(self), self.pathspec, getattr(task, "_asked_attempt", None),
+                             str(self._db.path), store))
+
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.pathspec == self.pathspec  # type: ignore[attr-defined]
 
@@ -197,8 +231,9 @@ class TagMutations:
         if add:  # no system tag's prefix (user:, project:, ...), no control character; the run's own: a no-op
             rec = self._db.get_run(self.flow_name, self.id)
             check_user_tags(add, system=rec.system_tags if rec is not None else (), where="tag")
-        self._db.mutate_tags(self.flow_name, self.id, remove=remove, add=add)
-        self.status  # noqa: B018 - refresh the tags
+        final = self._db.mutate_tags(self.flow_name, self.id, remove=remove, add=add)  # one transaction
+        self._user_tags = tuple(sorted(final))  # this object's tags: what its own change left, as Metaflow's
+        self.status  # noqa: B018 - refresh the record
 
 
 class TaskException:

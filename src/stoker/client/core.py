@@ -122,6 +122,7 @@ class Run(TagMutations, ClientObject):
         if _namespace_check:
             check_namespace(self.pathspec, rec.tags)
         self._rec = rec
+        self._user_tags = rec.user_tags  # as Metaflow's: fixed when looked up, then set by its own tag changes
         self.flow_name = flow
 
     @property
@@ -176,8 +177,10 @@ class Run(TagMutations, ClientObject):
         return self._rec.user
 
     def _run_tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        rec = self._refresh()
-        return rec.user_tags, rec.system_tags
+        """As Metaflow's Run: the tags it had when it was looked up, then those its own tag changes left (so sibling
+        tasks that change the same run's tags do not see each other's changes half-way); look the run up again to
+        see others' changes."""
+        return self._user_tags, self._rec.system_tags
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -200,8 +203,11 @@ class Run(TagMutations, ClientObject):
         ``Flow/None`` for a run that is not a resume.)"""
         return f"{self.flow_name}/{self._rec.origin_run_id}" if self._rec.origin_run_id else None
 
-    def steps(self) -> Iterator[Step]:
-        """The run's steps, most recently started first (as Metaflow)."""
+    def steps(self, *tags: str) -> Iterator[Step]:
+        """The run's steps, most recently started first (as Metaflow); with ``tags``, only those carrying them
+        all (a step carries its run's tags)."""
+        if tags and not set(tags) <= self.tags:
+            return iter([])
         recs = self._db.list_steps(self.flow_name, self.id)
         return iter([Step(s.pathspec, **self._kw()) for s in reversed(recs)])
 
@@ -306,6 +312,11 @@ class Step(ClientObject):
             return iter([])
         recs = self._db.list_tasks(self.flow_name, self.run_id, self.id)
         return iter([Task(t.pathspec, _record=t, **self._kw()) for t in recs])
+
+    def control_tasks(self, *tags: str) -> Iterator[Task]:
+        """The control tasks of a gang (``num_parallel``) step: its node 0, which runs the step's ``self.next``
+        (Metaflow's ``Step.control_tasks``); none for any other step."""
+        return iter([t for t in self.tasks(*tags) if (t._m("parallel") or {}).get("node_index") == 0])
 
     def __iter__(self) -> Iterator[Task]:
         return self.tasks()
@@ -520,7 +531,8 @@ class Task(ClientObject):
     def metadata(self) -> list[Metadata]:
         """Metadata events of every attempt of the task (of this attempt only if one was asked for), with
         Metaflow's names: ``attempt``, ``origin-run-id``, ``origin-task-id`` (cloned tasks), ``user``, ``runtime``,
-        ``script-name``, ``ds-type``, ``ds-root``, ``foreach-execution-path``, ``attempt_ok``, ``attempt-done``,
+        ``script-name``, ``ds-type``, ``ds-root``, ``python_version``, ``foreach-execution-path``, ``attempt_ok``,
+        ``attempt-done``,
         plus stoker's ``hostname``, ``status``, ``retry_count``, ``catch_var`` and ``parallel_*``."""
         return task_metadata(self)
 

@@ -106,6 +106,8 @@ def task_metadata(task: Task) -> list[Metadata]:
             ("hostname", a.hostname or ""), ("retry_count", str(m.get("retry_count", a.attempt)))]
         if script:
             events.append(("script-name", script))
+        if m.get("python_version"):
+            events.append(("python_version", str(m["python_version"])))
         if m.get("origin_task"):
             events.append(("origin-task-id", str(m["origin_task"]).rsplit("/", 1)[-1]))
         path = _foreach_path(task, m)

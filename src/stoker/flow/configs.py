@@ -22,23 +22,48 @@ UNPACK_KEY = "_unpacked_delayed_"
 
 
 class ConfigValue(dict):
-    """A read-only dict with attribute access (`self.config.train.lr`)."""
+    """A read-only dict with attribute access (`self.config.train.lr`), as Metaflow's ConfigValue: nested mappings
+    (also inside lists) are ConfigValues, so `cfg["train"].lr` works too, and any change raises TypeError."""
+
+    def __init__(self, data: Any = ()) -> None:
+        dict.__init__(self, {k: _construct(v) for k, v in dict(data).items()})
 
     def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
         try:
-            v = self[key]
+            return self[key]
         except KeyError:
             raise AttributeError(f"config has no key {key!r}; keys: {sorted(self)}") from None
-        return ConfigValue(v) if isinstance(v, dict) and not isinstance(v, ConfigValue) else v
 
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError("a Config is read-only in a step; change it with --config or --set")
+    def _immutable(self, *_args: Any, **_kw: Any) -> Any:
+        raise TypeError("ConfigValue is immutable: a Config is read-only in a step; change it with --config or "
+                        "--set (or copy it with .to_dict())")
+
+    __setattr__ = __delattr__ = __setitem__ = __delitem__ = _immutable
+    clear = update = setdefault = pop = popitem = __ior__ = _immutable  # type: ignore[assignment]
 
     def to_dict(self) -> dict:
+        """A plain (mutable) copy: dicts and lists all the way down."""
         return json.loads(json.dumps(self))
 
-    def __reduce__(self):  # plain dict when pickled, so readers need no stoker class
-        return (ConfigValue, (dict(self),))
+    def copy(self) -> ConfigValue:
+        return ConfigValue(self)
+
+    def __reduce__(self):  # rebuilt from plain data when unpickled
+        return (ConfigValue, (_to_plain(self),))
+
+
+def _construct(v: Any) -> Any:
+    if isinstance(v, ConfigValue):
+        return v
+    if isinstance(v, collections.abc.Mapping):
+        return ConfigValue(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_construct(x) for x in v)
+    return v
+
+
 # attributes stoker probes on class attributes to find steps: never config keys
 NOT_CONFIG_KEYS = frozenset({"is_step", "decorators", "decorator_errors"})
 

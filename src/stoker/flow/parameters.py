@@ -293,15 +293,21 @@ class Config:
         **_ignored: Any,
     ) -> None:
         self.name = name
-        self.default = default
-        self.default_value = dict(default_value) if default_value is not None else None
+        if default is not None and default_value is not None:
+            raise ConfigError(f"config {name!r}: give default (a file) or default_value (a value), not both")
+        self.default = default  # a path, or a function of the ParameterContext that returns one
+        # a dict, the config's text, or a function of the ParameterContext that returns either
+        self.default_value = dict(default_value) if isinstance(default_value, Mapping) else default_value
         self.help = help or ""
         self.required = required
         self.parser = parser
 
     def resolve(self, path: str | None = None, overrides: Mapping[str, Any] | None = None,
-                base_dir: Path | None = None) -> ConfigValue | None:
-        src = path or self.default
+                base_dir: Path | None = None, ctx: ParameterContext | None = None) -> ConfigValue | None:
+        """The run's value: the file given, else the default file, else the default value (each default may be a
+        function of the context, which, as in Metaflow, has no `configs`); overrides applied."""
+        src = path or self._default_of("default", self.default, ctx)
+        default_value = None if src is not None else self._default_of("default_value", self.default_value, ctx)
         if src is not None:
             p = Path(src)
             if not p.is_absolute() and base_dir is not None and not p.exists():
@@ -309,13 +315,33 @@ class Config:
             if self.parser and not p.is_file():
                 raise ConfigError(f"config file {p} does not exist: pass an existing TOML or JSON file")
             data = self.parser(p.read_text()) if self.parser else load_config_file(p)
-        elif self.default_value is not None:
-            data = self.default_value
+        elif isinstance(default_value, Mapping):
+            data = dict(default_value)
+        elif isinstance(default_value, (str, bytes)):  # the config's text, parsed as a file's would be
+            text = default_value.decode() if isinstance(default_value, bytes) else default_value
+            try:
+                data = self.parser(text) if self.parser else parse_config_text(text, json_format=True)
+            except Exception as e:  # noqa: BLE001 - the user's text
+                raise ConfigError(f"config {self.name!r}: its default value cannot be parsed: {e}") from None
+        elif default_value is not None:
+            raise ConfigError(f"config {self.name!r}: default_value must be a dict or the config's text, got "
+                              f"{type(default_value).__name__}")
         elif self.required:
             raise ConfigError(f"config {self.name!r} is required: pass --config {self.name} PATH")
         else:
             data = {}
         return ConfigValue(apply_overrides(data, overrides or {}))
+
+    def _default_of(self, what: str, value: Any, ctx: ParameterContext | None) -> Any:
+        if not callable(value) or isinstance(value, type):
+            return value
+        ctx = (ctx or ParameterContext(flow_name="", user_name=os.environ.get("USER", ""),
+                                       parameter_name=self.name))._replace(parameter_name=self.name, configs=None)
+        try:
+            return _call_default(value, ctx)
+        except Exception as e:  # noqa: BLE001 - the user's function
+            raise ConfigError(f"the {what} function of config {self.name!r} raised {type(e).__name__}: {e}; fix "
+                              f"the function or pass --config {self.name} PATH") from None
 
     def __repr__(self) -> str:
         return f"Config({self.name!r})"

@@ -1,8 +1,9 @@
 """FlowSpec: a flow is a class whose @step methods call `self.next(...)`; attributes set in a step are artifacts.
 
 In a task, artifacts of the parent task are loaded lazily on first access (`self.x`); everything assigned in
-the step is persisted when it ends. A loaded artifact that is mutated in place is not saved again unless it is
-assigned (`self.x = self.x`), which keeps large inherited arrays from being re-hashed in every step.
+the step is persisted when it ends. As in Metaflow, an inherited artifact the step read is the step's own: changed
+in place (`self.d["k"] = v`, `self.l.append(x)`), it is stored again (the task compares it with what it loaded,
+see `_read_inherited`); one the step never read is passed on by reference, unloaded.
 """
 
 from __future__ import annotations
@@ -233,10 +234,11 @@ class FlowSpec:
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
+        """As in Metaflow, `del self.x` drops this step's value of `x` (assigned, or read and maybe changed in
+        place): an inherited `x` is passed on as the parent stored it, and reading `self.x` again loads that."""
         d = self.__dict__
         if name in d:
             object.__delattr__(self, name)
-        d.get("_inherited", {}).pop(name, None)
         d.get("_loaded", {}).pop(name, None)
 
     # -- transitions -------------------------------------------------------------------------------
@@ -320,6 +322,16 @@ class FlowSpec:
         """`hasattr(self, name)` without loading an artifact: set in this step, inherited, or on the class."""
         d = self.__dict__
         return name in d or name in d["_inherited"] or hasattr(type(self), name)
+
+    def _read_inherited(self) -> dict[str, tuple[Any, dict]]:
+        """Inherited artifacts this step read and neither assigned nor deleted: name -> (the value now, the descriptor
+        it was loaded from). The task stores again those changed in place, as Metaflow, which stores every artifact
+        a step read (its FlowSpec.__getattr__ caches a loaded artifact on the flow, and TaskDataStore.persist saves
+        the flow's attributes). Run inputs (read-only properties) are not artifacts of a step."""
+        d = self.__dict__
+        run_inputs = type(self)._run_input_names()
+        return {name: (value, d["_inherited"][name]) for name, value in d["_loaded"].items()
+                if name not in d and name in d["_inherited"] and name not in run_inputs}
 
     def _new_artifacts(self) -> dict[str, Any]:
         """What the step assigned (as in Metaflow, `_private` names too; `__dunder__` names never)."""

@@ -184,8 +184,8 @@ class PipelineConfig(Config):
     """The pipeline's Config, checked against stoker.train's settings when the run starts."""
 
     def resolve(self, path: str | None = None, overrides: Mapping[str, Any] | None = None,
-                base_dir: Path | None = None) -> Any:
-        value = super().resolve(path, overrides, base_dir)
+                base_dir: Path | None = None, ctx: Any = None) -> Any:
+        value = super().resolve(path, overrides, base_dir, ctx)
         if value is not None:
             check_train_settings(value.to_dict(), overrides)
             check_pipeline_values(value.to_dict(), overrides)

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from stoker._hashing import CHUNK, preferred_algo
+from stoker._hashing import CHUNK, SHA256, content_key, key_algo, key_of, new_hash, preferred_algo
 from stoker.errors import StoreError
 from stoker.redact import REDACTED, SECRET_ENV_PREFIX
 from stoker.store.blobs import BlobStore, CorruptBlobError
@@ -272,17 +272,21 @@ def save_artifact(store: BlobStore, obj: Any, *, name: str | None = None) -> dic
     return _save_pickle(store, obj, base, name, algo)
 
 
-def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | None, algo: str) -> dict[str, Any]:
+def _pickled(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """The protocol-5 pickle body of ``obj`` and its out-of-band buffers (arrays', tensors' bytes, not copied)."""
     buffers: list[pickle.PickleBuffer] = []
     bio = io.BytesIO()
+    _Pickler(bio, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return bio.getvalue(), [b.raw() for b in buffers]
+
+
+def _save_pickle(store: BlobStore, obj: Any, base: dict[str, Any], name: str | None, algo: str) -> dict[str, Any]:
     try:
-        _Pickler(bio, protocol=5, buffer_callback=buffers.append).dump(obj)
+        body, views = _pickled(obj)
     except Exception as e:
         what = f"artifact {name!r}" if name else "object"
         raise StoreError(f"cannot store {what} of type {type_name(obj)}: it cannot be pickled ({e}). "
                          f"Delete it before the step ends (del self.{name or 'x'}) or make it picklable") from e
-    body = bio.getvalue()
-    views = [b.raw() for b in buffers]
     size = len(body) + sum(v.nbytes for v in views)
     desc: dict[str, Any] = {"kind": "pickle", **base, "size": size}
     if not views and len(body) <= INLINE_MAX:
@@ -312,6 +316,72 @@ def _buffer_chunks(views: list[memoryview]) -> Iterator[memoryview | bytes]:
             pad = ALIGN - off % ALIGN
             yield bytes(pad)
             off += pad
+
+
+def unchanged_since_load(store: BlobStore, obj: Any, desc: dict[str, Any]) -> bool:
+    """Whether ``obj``, loaded from ``desc`` in this process and maybe changed in place since (``d["k"] = v``,
+    ``arr[0] = 1``), still holds what ``desc`` stores: then a step that read it passes ``desc`` on, else it stores
+    ``obj`` again (as Metaflow stores every artifact a step read).
+
+    Arrays and tensors: their metadata and a BLAKE3 (multi-threaded) hash of their raw bytes, where they lie, against
+    the blob's key: no pickling, no copy of a contiguous one. Pickled values: pickled again and compared with the
+    stored body and buffers; where the bytes differ although the value may not have (a set's order differs between
+    processes), or where the body is compressed, with the stored value pickled here too. False when unsure (a
+    value that cannot be pickled now: storing it then says why)."""
+    kind = desc.get("kind")
+    try:
+        if kind == "secret":
+            return True
+        if kind == "ndarray":
+            order = "F" if (_raw_array_ok(obj) and obj.flags.f_contiguous and not obj.flags.c_contiguous) else "C"
+            return (_raw_array_ok(obj) and obj.dtype.str == desc["dtype"] and list(obj.shape) == desc["shape"]
+                    and order == desc.get("order", "C") and _stream_key(_array_chunks(obj), desc["blobs"][0]))
+        if kind == "tensor":
+            torch = _torch_of(obj)
+            if torch is None or not _tensor_raw_ok(obj, torch):
+                return False
+            meta = _tensor_meta(obj)
+            return (all(meta[k] == desc.get(k, meta[k] if k == "parameter" else None)
+                        for k in ("dtype", "shape", "requires_grad", "parameter"))
+                    and _stream_key(_chunks_of(_tensor_bytes(obj)), desc["blobs"][0]))
+        if kind == "bytes":
+            return type_name(obj) == desc["type"] and (type(obj) is bytes or content_key(
+                obj, key_algo(desc["blobs"][0]) or SHA256) == desc["blobs"][0])
+        if kind == "pickle":
+            body, views = _pickled(obj)
+            if _same_stored_pickle(store, body, views, desc):
+                return True
+            fresh_body, fresh_views = _pickled(_load_pickle(store, desc, None))
+            algo = preferred_algo()
+            return fresh_body == body and len(fresh_views) == len(views) and all(
+                content_key(a, algo) == content_key(b, algo) for a, b in zip(fresh_views, views, strict=True))
+    except Exception:  # noqa: BLE001 - a value that cannot be compared is stored again (which then says why)
+        return False
+    return False
+
+
+def _stream_key(chunks: Iterator[Any], key: str) -> bool:
+    """Whether the concatenated ``chunks`` hash to the content key ``key`` (under the hash it names)."""
+    h = new_hash(key_algo(key) or SHA256)
+    for c in chunks:
+        h.update(c)
+    return key_of(key_algo(key) or SHA256, h.hexdigest()) == key
+
+
+def _same_stored_pickle(store: BlobStore, body: bytes, views: list[memoryview], desc: dict[str, Any]) -> bool:
+    """Whether a pickle body and its buffers are byte for byte the ones ``desc`` stores (hashes, not reads, where
+    the descriptor names them)."""
+    spans = desc.get("buffers") or []
+    if [n for _, n in spans] != [v.nbytes for v in views]:
+        return False
+    if "inline" in desc:
+        same_body = base64.b64decode(desc["inline"]) == body
+    elif desc.get("compression"):
+        same_body = _decompress(store.get_blob(desc["blobs"][0]), desc["compression"]) == body
+    else:
+        blob = desc["blobs"][0]
+        same_body = content_key(body, key_algo(blob) or SHA256) == blob
+    return same_body and (not views or _stream_key(_buffer_chunks(views), desc["blobs"][1]))
 
 
 def load_artifact(store: BlobStore, desc: dict[str, Any], *, mmap: bool | None = None, name: str | None = None,

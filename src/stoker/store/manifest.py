@@ -26,7 +26,7 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "flow": str, "run_id": str, "step": str, "task_id": str, "attempt": int, "status": str,
     "started_at": (int, float), "finished_at": (int, float), "artifacts": dict,
 }
-_WHEN_SET = ("iteration", "next", "timings", SIGNATURE)  # keys a manifest has only when they are set (not None)
+_WHEN_SET = ("iteration", "next", "timings", "python_version", SIGNATURE)  # keys stored only when set (not None)
 
 
 def run_prefix(flow: str, run_id: str) -> str:
@@ -93,6 +93,7 @@ class Manifest:
     catch_var: str | None = None  # the artifact @catch put the exception in, when @catch handled a failure
     next: dict[str, Any] | None = None  # self.next()'s choice {steps, condition?, foreach_var?, num_splits?, ...}
     timings: dict[str, float] | None = None  # start-up phase -> seconds (stoker.store.goodput; stored when set)
+    python_version: str | None = None  # the task's Python ("3.11.7", Metaflow's metadata); stored when set
     signature: str | None = None  # set when it is stored (stoker.store.signing)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they are
 
@@ -142,12 +143,13 @@ class Manifest:
     @classmethod
     def begin(cls, *, flow: str, run_id: str, step: str, task_id: str, attempt: int, started_at: float,
               user: str | None, input_paths: list[str], foreach: list[dict], iteration: list[int],
-              parallel: dict[str, Any] | None) -> Manifest:
+              parallel: dict[str, Any] | None, python_version: str | None = None) -> Manifest:
         """The manifest of an attempt that starts at ``started_at``: failed, without artifacts, until the attempt
-        says otherwise (:meth:`finish`). ``foreach`` frames and ``parallel`` are the task spec's."""
+        says otherwise (:meth:`finish`). ``foreach`` frames and ``parallel`` are the task spec's; a task gives its
+        ``python_version``."""
         return cls(flow=flow, run_id=run_id, step=step, task_id=task_id, attempt=attempt, status="failed",
                    started_at=started_at, finished_at=started_at, artifacts={}, retry_count=attempt, user=user,
-                   hostname=socket.gethostname(), input_paths=list(input_paths),
+                   hostname=socket.gethostname(), python_version=python_version, input_paths=list(input_paths),
                    foreach_stack=[{k: f.get(k) for k in FRAME_KEYS} for f in foreach], iteration=list(iteration),
                    parallel={"node_index": parallel["node_index"], "num_nodes": parallel["num_nodes"]}
                    if parallel else None,

@@ -14,6 +14,7 @@ from stoker.client.base import TaskException, default_metadata, get_metadata, me
 from stoker.errors import ConfigError, StoreError
 from stoker.store.manifest import write_manifest
 from stoker.store.records import check_tag
+from stoker.store.paths import current_user
 
 
 @pytest.fixture
@@ -141,7 +142,9 @@ def test_tag_cli_list_and_errors(lineage, capsys, monkeypatch):
     flat = argparse.Namespace(tag_command="list", run_id=None, arg_run_id="1", list_all=False, my_runs=False,
                               hide_system_tags=False, group_by_tag=False, group_by_run=False, flat=True)
     tag_cli.tag_command("Lin", flat)
-    assert capsys.readouterr().err.split() == ["new", "t1", "user:alice"]  # on stderr, as Metaflow's
+    header, *tags = capsys.readouterr().err.splitlines()  # on stderr after the header line, as Metaflow's
+    assert header.startswith("stoker ") and header.endswith(" executing Lin for user:" + current_user())
+    assert tags == ["new", "t1", "user:alice"]
     with pytest.raises(ConfigError, match="--run-id"):
         tag_cli.tag_command("Lin", argparse.Namespace(tag_command="add", run_id=None, user_namespace=None,
                                                       tags=["x"]))

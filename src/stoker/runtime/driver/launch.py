@@ -17,6 +17,8 @@ from typing import Any
 
 from stoker.errors import ConfigError, StokerError, StoreError
 from stoker.features.hooks import plan_problems
+from stoker.flow.configs import ConfigValue, config_values_by_name
+from stoker.flow.current import current
 from stoker.flow.decorators import apply_with
 from stoker.flow.frames import frames_from_json
 from stoker.flow.graph import FlowGraph
@@ -47,8 +49,13 @@ def new_run_id() -> str:
 
 
 def resolve_run_inputs(flow_cls: type, given: dict[str, Any], config_paths: dict[str, str],
-                       overrides: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """Values of every Parameter, IncludeFile and Config for a run (errors name the flag and the fix)."""
+                       overrides: dict[str, Any], base_dir: Path,
+                       project_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Values of every Parameter, IncludeFile and Config for a run (errors name the flag and the fix).
+
+    As in Metaflow, the Configs come first (a Config's default function gets a context without configs), then
+    the decorators are bound to them and, while the Parameters' default functions run, `current` has the run's
+    @project names (`project_options`: the --branch / --production options) and `ctx.configs` the Configs."""
     values: dict[str, Any] = {}
     inputs = flow_cls._run_inputs()
     configs = {k: v for k, v in inputs.items() if isinstance(v, Config)}
@@ -66,13 +73,25 @@ def resolve_run_inputs(flow_cls: type, given: dict[str, Any], config_paths: dict
         else:
             raise ConfigError(f"--set {dotted}: start the key with the config name "
                               f"({', '.join(by_cfg) or 'the flow has no Config'})")
-    for attr, p in sorted(inputs.items(), key=lambda kv: not isinstance(kv[1], Config)):  # configs first
+    for attr, p in inputs.items():
         if isinstance(p, Config):
-            values[attr] = p.resolve(config_paths.get(p.name), by_cfg[p.name], base_dir)
-        else:
+            ctx = ParameterContext(flow_name=flow_cls.__name__, user_name=current_user(), parameter_name=p.name)
+            values[attr] = p.resolve(config_paths.get(p.name), by_cfg[p.name], base_dir, ctx)
+    params = {attr: p for attr, p in inputs.items() if not isinstance(p, Config)}
+    if not params:
+        return values
+    configs = ConfigValue(config_values_by_name(flow_cls, values))
+    project = bind_run(flow_cls, values, current_user(), project_options, flow_cls.__name__)
+    saved = dict(current._values)
+    current._set(**(project.as_current() if project else {}))
+    try:
+        for attr, p in params.items():
             ctx = ParameterContext(flow_name=flow_cls.__name__, user_name=current_user(), parameter_name=p.name,
-                                   configs={k: v for k, v in values.items() if isinstance(inputs[k], Config)})
+                                   configs=configs)
             values[attr] = p.resolve(given.get(p.name, _MISSING), ctx)
+    finally:
+        current._clear()
+        current._set(**saved)
     return values
 
 
@@ -202,7 +221,8 @@ def _set_up(flow_cls: type, router: Router, req: RunRequest) -> tuple[RunContext
     if req.origin_run_id:
         origin, values = load_origin(store, db, graph.name, req.origin_run_id)
     else:
-        values = resolve_run_inputs(flow_cls, req.params, req.config_paths, req.overrides, Path(flow_file).parent)
+        values = resolve_run_inputs(flow_cls, req.params, req.config_paths, req.overrides, Path(flow_file).parent,
+                                    req.project_options)
     # config values into decorators (`@retry(times=cfg.n)`), then @project's system tags
     project = bind_run(flow_cls, values, user, req.project_options, graph.name)
     system_tags = project.tags if project else []

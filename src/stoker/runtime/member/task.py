@@ -7,6 +7,7 @@ the blob store and never touches the metadata database.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import sys
@@ -27,7 +28,7 @@ from stoker.redact import redact_text
 from stoker.runtime.member.flowhooks import bind_task_configs
 from stoker.runtime.member.handover import hand_over
 from stoker.runtime.spec import TaskSpec
-from stoker.store.artifacts import load_artifact, save_artifact
+from stoker.store.artifacts import load_artifact, save_artifact, unchanged_since_load
 from stoker.store.blobs import BlobStore, open_store
 from stoker.store.goodput import take_timings
 from stoker.store.manifest import Manifest, exception_record, read_manifest, store_manifest
@@ -93,6 +94,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     call = hooks.decorate(call)
     _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
     ctx.manifest = manifest = spec.manifest_head(started)  # hooks see it as a dict (Manifest's item access)
+    manifest.python_version = platform.python_version()  # Metaflow's task metadata `python_version`
     code = _run_step(ctx, hooks, manifest, call, graph)
     artifacts = dict(ctx.flow.__dict__["_inherited"])
     if code == 0:
@@ -159,7 +161,8 @@ def _run_step(ctx: TaskContext, hooks: TaskHooks, manifest: Manifest, call: Any,
     try:
         call()
         hooks.post_step()
-        manifest.next = _check_transition(ctx.flow, ctx.node, graph)
+        worker = spec.parallel is not None and spec.parallel.node_index > 0
+        manifest.next = _check_transition(ctx.flow, ctx.node, graph, gang_worker=worker)
         return 0
     except BaseException as exc:  # noqa: BLE001 - the task reports every failure in its manifest
         exit_code = exit_code_for(exc)  # 75: preempted (run again, resuming), 78: permanent (never again)
@@ -190,11 +193,15 @@ def _signal_name(signum: int) -> str:
 
 
 def _save_artifacts(ctx: TaskContext, manifest: Manifest, artifacts: dict[str, dict], parents: list[dict]) -> int:
-    """Store the step's new artifacts into `artifacts`; 1 (and the manifest says why) when that fails."""
+    """Store the step's new artifacts into `artifacts`, and the inherited ones it read and changed in place (an
+    unchanged one keeps its parent's descriptor: nothing is stored); 1 (and the manifest says why) when that fails."""
     flow, store = ctx.flow, ctx.store
     try:
         for name, value in flow._new_artifacts().items():
             artifacts[name] = save_artifact(store, value, name=name)
+        for name, (value, desc) in flow._read_inherited().items():
+            if not unchanged_since_load(store, value, desc):
+                artifacts[name] = save_artifact(store, value, name=name)
         var = (manifest.next or {}).get("foreach_var")
         if var and var not in artifacts:  # a foreach over a class attribute: its children need it stored
             artifacts[var] = save_artifact(store, getattr(flow, var), name=var)
@@ -263,9 +270,12 @@ def _remove_on_sigterm(path: str) -> bool:
     return True
 
 
-def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph) -> dict[str, Any]:
-    """The step's self.next() must match the graph; returns what the scheduler needs to launch successors."""
+def _check_transition(flow: FlowSpec, node: Any, graph: FlowGraph, gang_worker: bool = False) -> dict[str, Any]:
+    """The step's self.next() must match the graph; returns what the scheduler needs to launch successors. A gang's
+    worker node (node_index > 0) may return without calling it, as in Metaflow: node 0's call is the step's."""
     t = flow.__dict__["_transition"]
+    if t is None and gang_worker and node.kind != "end":
+        return {"steps": list(node.out_funcs)}
     if node.kind == "end":
         if t is not None:
             raise StokerError("the end step must not call self.next()")
