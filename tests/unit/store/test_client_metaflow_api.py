@@ -13,8 +13,8 @@ from stoker.client import base as client_base
 from stoker.client.base import TaskException, default_metadata, get_metadata, metadata
 from stoker.errors import ConfigError, StoreError
 from stoker.store.manifest import write_manifest
-from stoker.store.records import check_tag
 from stoker.store.paths import current_user
+from stoker.store.records import check_tag
 
 
 @pytest.fixture
