@@ -116,9 +116,10 @@ class SlurmCluster:
             _signal(p, sig)
         return victims
 
-    def revive_node(self, node: str, timeout: float = 90) -> None:
+    def revive_node(self, node: str, timeout: float = 90, busy_ok: bool = False) -> None:
         """After kill_node: kill what is left of the node, mark it down (its jobs end), start its slurmd again and
-        wait until it is idle and no job is left on it."""
+        wait until it is idle and no job is left on it (`busy_ok`: until it is up, idle or running a job that
+        waited for it, e.g. a retry that needs every node)."""
         for p in self.kill_node(node, signal.SIGKILL):
             self._procs.pop(p, None)
         self.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=revived by a test", check=False)
@@ -127,7 +128,8 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             state = self.run("sinfo", "-h", "-n", node, "-o", "%t", check=False).stdout.strip()
             busy = self.run("squeue", "-h", "-w", node, check=False).stdout.strip()
-            calm = calm + 1 if state == "idle" and not busy else 0
+            up = busy_ok and state in ("idle", "mix", "alloc")  # "*": not responding yet
+            calm = calm + 1 if (state == "idle" and not busy) or up else 0
             if calm >= 3:  # idle, and no job left on it, for a second (its re-registration can bring a job back)
                 return
             if state.startswith("down") and time.monotonic() > deadline - timeout + 5:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +157,117 @@ def test_sbatch_retries_a_busy_controller_then_reports_with_the_fix(monkeypatch)
     with pytest.raises(Exception, match="temporarily unavailable"):
         SlurmClient(runner=never, env={}).sbatch("#!/bin/bash\n")
     assert len([c for c in never.calls if c[0] == "sbatch"]) == 3
+
+
+# -- a gang with spares (@torchrun(spares=k)): one --no-kill job of N + k members -----------------------------------
+def _job_line(job: str, state: str, nodes: str) -> str:
+    return (f"JobId={job} JobName=x JobState={state} Reason=None ExitCode=0:0 StartTime=2026-12-06T14:37:03 "
+            f"NodeList={nodes} BatchHost=n1 NumNodes=3\n")
+
+
+def test_a_gang_with_spares_is_checked_and_submitted_as_n_plus_k_members(backend):
+    backend.check(make("gang", 2, spares=1))  # 3 nodes in partition debug: fits
+    with pytest.raises(ConfigError, match=r"1 spare\(s\).*needs 4 nodes but partition 'debug' has 3"):
+        backend.check(make("gang", 3, spares=1))
+    backend.runner.answers["sbatch"] = (0, "17\n", "")
+    ref = backend.submit(backend.materialize(make("gang", 2, spares=1, first_slots=[1, 2])))
+    assert ref.members == 3 and ref.task_ids == ["0", "1"] and ref.extra["spares"] == 1
+    assert backend.submit(backend.materialize(make("gang", 2))).members == 2  # no spares: as before
+    assert SlurmBackend.main_node_spare  # member 0 (the batch host) is the last spare
+
+
+def test_a_node_slurm_removes_from_a_gang_with_spares_is_that_members_loss(backend):
+    backend.runner.answers["sacct -n"] = (1, "", "Slurm accounting storage is disabled")
+    ref = JobRef(backend="slurm", job_id="5", members=3, kind="gang", extra={"spares": 1})
+    backend.runner.answers["scontrol"] = (0, _job_line("5", "RUNNING", "n[1-3]"), "")
+    st = backend.poll([ref])["5"]
+    assert st.state == "running" and not st.members and ref.extra["hosts"] == ["n1", "n2", "n3"]
+    backend.runner.answers["scontrol"] = (0, _job_line("5", "RUNNING", "n[1,3]"), "")  # n2 DOWN: excised
+    st = backend.poll([ref])["5"]
+    assert st.state == "running" and st.member(0).state == "running" and st.member(2).state == "running"
+    lost = st.member(1)
+    assert lost.state == "exited" and lost.exit_code < 0 and "NODE_FAIL" in lost.reason and lost.hosts == ["n2"]
+    assert ref.extra["hosts"] == ["n1", "n2", "n3"] and ref.extra["lost_hosts"] == ["n2"]  # node i stays host i
+    backend.runner.answers["scontrol"] = (0, _job_line("5", "COMPLETED", "n[1,3]"), "")
+    st = backend.poll([ref])["5"]
+    assert st.state == "exited" and st.exit_code == 0 and st.member(1).exit_code == 0  # the job's word at the end
+
+
+def test_a_gang_that_lost_its_batch_host_is_ended_once_its_step_is_over(backend):
+    backend.runner.answers["sacct -n"] = (1, "", "Slurm accounting storage is disabled")
+    ref = JobRef(backend="slurm", job_id="6", members=3, kind="gang", extra={"spares": 1, "hosts": ["n1", "n2", "n3"]})
+    backend.runner.answers["scontrol"] = (0, _job_line("6", "RUNNING", "n[2-3]"), "")
+    backend.runner.answers["squeue"] = (0, "6.0\n6.extern\n", "")
+    st = backend.poll([ref])["6"]
+    assert st.state == "running" and st.member(0).state == "exited" and ["scancel", "6"] not in backend.runner.calls
+    backend.runner.answers["squeue"] = (0, "6.extern\n", "")  # the members have ended; nothing ends the job
+    st = backend.poll([ref])["6"]
+    assert ["scancel", "6"] in backend.runner.calls
+    assert st.state == "exited" and st.member(1).state == "exited" and st.member(1).exit_code == 0
+    assert st.member(0).exit_code < 0 and "batch host n1" in st.reason
+    assert backend.poll([ref])["6"] is st  # the same answer from then on
+
+
+def test_slurm_identity_takes_its_own_address_from_the_node_map():
+    from stoker.backends.slurm.node import node_addrs, slurm_identity
+
+    env = {"SLURM_JOB_ID": "12", "SLURM_NODEID": "2", "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "n[1-3]",
+           "SLURMD_NODENAME": "n3", "STOKER_NODE_ADDRS": "n1=10.0.0.1,n2=10.0.0.2,n3=10.0.0.3"}
+    ident = slurm_identity(env)
+    assert (ident.member, ident.num_nodes, ident.main_addr, ident.host, ident.addr) == (2, 3, "n1", "n3", "10.0.0.3")
+    assert slurm_identity({**env, "STOKER_NODE_ADDRS": ""}).addr == ""  # no map: own_addr() falls back
+    assert node_addrs("a=1,bad,,b=2,=3") == {"a": "1", "b": "2"}
+
+
+def test_a_member_that_ended_is_reported_by_the_exit_code_it_left(backend, tmp_path):
+    """A gang with spares: the job goes on while its spare waits, so each member's end comes from its exit file."""
+    from stoker.backends.slurm.render import member_exit
+
+    backend.runner.answers["sacct -n"] = (1, "", "Slurm accounting storage is disabled")
+    folder = tmp_path / "logs" / "g"
+    folder.mkdir(parents=True)
+    ref = JobRef(backend="slurm", job_id="7", members=3, kind="gang", extra={"spares": 1, "log_dir": str(folder)})
+    backend.runner.answers["scontrol"] = (0, _job_line("7", "RUNNING", "n[1-3]"), "")
+    Path(member_exit(str(folder), "7", 1)).write_text("0\n")
+    Path(member_exit(str(folder), "7", 2)).write_text("-9\n")
+    st = backend.poll([ref])["7"]
+    assert st.state == "running" and st.member(0).state == "running"
+    assert (st.member(1).state, st.member(1).exit_code, st.member(1).hosts) == ("exited", 0, ["n2"])
+    assert (st.member(2).state, st.member(2).exit_code) == ("exited", -9)
+
+
+def test_the_supervisor_leaves_the_agents_exit_code(tmp_path):
+    from stoker.backends.slurm.node import supervised
+
+    def agent(code):
+        def run():
+            os._exit(code)
+        return run
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        assert supervised(agent(3), str(tmp_path / "a.exit")) == 3 and (tmp_path / "a.exit").read_text() == "3\n"
+        assert supervised(lambda: os.kill(os.getpid(), signal.SIGKILL), str(tmp_path / "b.exit")) == 137
+        assert (tmp_path / "b.exit").read_text() == "-9\n"
+        assert supervised(lambda: None, str(tmp_path / "c.exit")) == 0
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # Slurm's TERM is for the agent alone
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_gang_with_spares_still_running_when_the_run_ends_is_cancelled(backend):
+    backend.runner.answers["sacct -n"] = (1, "", "Slurm accounting storage is disabled")
+    backend.spares_sweep_s = 0.0
+    ref = JobRef(backend="slurm", job_id="8", members=3, kind="gang", extra={"spares": 1})
+    backend.runner.answers["scontrol"] = (0, _job_line("8", "RUNNING", "n[1-3]"), "")
+    backend.poll([ref])
+    backend.close()  # its spare never left (its host died): cancelled after the wait
+    assert ["scancel", "8"] in backend.runner.calls
+    backend.runner.calls.clear()
+    backend.runner.answers["scontrol"] = (0, _job_line("9", "RUNNING", "n[1-3]"), "")
+    ref9 = JobRef(backend="slurm", job_id="9", members=3, kind="gang", extra={"spares": 1})
+    backend.poll([ref9])
+    backend.runner.answers["scontrol"] = (0, _job_line("9", "COMPLETED", "n[1-3]"), "")
+    backend.close()  # the spare left when the gang was over: nothing to cancel
+    assert not [c for c in backend.runner.calls if c[0] == "scancel"]

@@ -33,6 +33,8 @@ CASES = {
          "account": "llm", "qos": "high", "constraint": "h100", "exclusive": True,
          "extra": ["--reservation=big"]}).attributes),
     "array": lambda: make_unit("array", 5, resources={"cpu": 2, "memory": 4000}),
+    "gang_spares": lambda: make_unit("gang", 2, attempt=1, spares=1, first_slots=[1, 2],
+                                     resources={"cpu": 2, "memory": 4000}),
     "timeout": lambda: make_unit("task", 1, timeout_s=3601),
 }
 
@@ -64,6 +66,32 @@ def test_script_shape():
     assert "#SBATCH --cpus-per-task=2" in array and "#SBATCH --mem=4000" in array  # from @resources
     assert "#SBATCH --time=66" in render_sbatch(CASES["timeout"](), OPTS)  # 61 minutes + the margin
     assert "--time" not in render_sbatch(CASES["task"](), OPTS)
+
+
+def test_gang_with_spares_keeps_its_allocation_through_a_node_loss():
+    text = render_sbatch(CASES["gang_spares"](), OPTS)
+    assert "(a gang of 2 nodes and 1 spare)" in text
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1\n#SBATCH --no-kill\n" in text
+    assert re.search(r"^exec srun --no-kill --nodes=3 --ntasks=3 --ntasks-per-node=1 ", text, re.M)
+    assert "--kill-on-bad-exit" not in text and "--no-requeue" in text
+    assert 'export STOKER_NODE_ADDRS="$addrs"' in text and "unset STOKER_NODE_ADDR\n" in text
+    plain = render_sbatch(CASES["gang"](), OPTS)
+    assert "--no-kill" not in plain and "STOKER_NODE_ADDRS" not in plain
+
+
+def test_node_addrs_script_line_parses_scontrol_output(tmp_path):
+    """The batch script's sed over `scontrol -o show node` gives name=NodeAddr per node (run with a fake scontrol)."""
+    import subprocess
+
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\n"
+                    "echo 'NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.1 NodeHostName=h1 Version=22.05'\n"
+                    "echo 'NodeName=gpu-07 Arch=x86_64 NodeAddr=gpu-07.ib NodeHostName=gpu-07 Port=6818'\n")
+    fake.chmod(0o755)
+    line = next(x for x in render_sbatch(CASES["gang_spares"](), OPTS).splitlines() if x.startswith("addrs="))
+    out = subprocess.run(["bash", "-c", line + '; echo "$addrs"'], capture_output=True, text=True, check=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n1,gpu-07"}).stdout
+    assert out.strip() == "n1=10.0.0.1,gpu-07=gpu-07.ib"
 
 
 def test_no_environment_values_or_secrets_in_the_script(monkeypatch):

@@ -3,6 +3,12 @@
 Members write their output to per-node files in the unit's log folder (render.py); `logs()` reads them and
 `wait()` tails them for live output, so the folder must be on a filesystem the nodes and this host share,
 as must a local-folder store. `check()` refuses, before anything is submitted, what cannot work.
+
+A gang with k spares is one `--no-kill` job of N + k members (render.py): a member that ended is reported by the exit
+code it left in the log folder (node.py), a node Slurm removes from the job as that member's loss
+(states.spare_members), and member 0, the batch host whose loss kills the batch script and srun, is the last spare
+(`main_node_spare`). If it is lost all the same, the job would hold its other nodes until its time limit: once no
+member step is left, it is cancelled and reported ended (the members' manifests say how each did).
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from stoker.backends.slurm.render import (
     batch_log,
     effective_options,
     log_folder,
+    member_exit,
     member_log,
     render_sbatch,
 )
-from stoker.backends.slurm.states import job_status
+from stoker.backends.slurm.states import job_status, spare_members
 from stoker.errors import BackendError, ConfigError
 from stoker.runtime.contract import (
     EXITED,
@@ -117,6 +124,10 @@ class SlurmBackend(Backend):
     arrays = True
     persist_refs = True
     excludes_hosts = True  # a retry can avoid the hosts that failed (sbatch --exclude)
+    # a gang with spares keeps member 0, the batch host, as its last spare: losing it kills the batch script and
+    # srun (measured with Slurm 22.05: the job then never ends by itself), losing any other node only removes it
+    main_node_spare = True
+    spares_sweep_s = 5.0  # at the run's end, how long a gang with spares still running may take to end by itself
 
     def __init__(self, options: SlurmOptions | None = None, client: SlurmClient | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -128,6 +139,8 @@ class SlurmBackend(Backend):
         self._tails: dict[str, _Tail] = {}
         self._cancelled: set[str] = set()
         self._force_at: dict[str, float] = {}  # job id -> when to cancel it for good (after the grace)
+        self._headless: dict[str, JobStatus] = {}  # gangs with spares that lost their batch host and were ended
+        self._running_spares: dict[str, JobRef] = {}  # gangs with spares not seen ended yet (close() sweeps them)
 
     # -- before submitting ----------------------------------------------------------------------------
     def partitions(self) -> dict[str, Partition]:
@@ -196,11 +209,13 @@ class SlurmBackend(Backend):
                 raise ConfigError(f"{where}: asks for {want:g} {what} per node ({key}, from @slurm or @resources) but "
                                   f"the largest node of partition {name!r} has {have}: lower it or pick another "
                                   f"partition ({known})")
-        if unit.kind == "gang" and unit.size > p.nodes:
-            raise ConfigError(f"{where}: a gang of {unit.size} nodes (num_parallel={unit.size}) but partition "
-                              f"{name!r} has {p.nodes}: lower num_parallel or pick a larger partition ({known})")
+        if unit.kind == "gang" and unit.nodes > p.nodes:
+            spares = f" and {unit.spares} spare(s) (@torchrun(spares={unit.spares}))" if unit.spares else ""
+            raise ConfigError(f"{where}: a gang of {unit.size} nodes (num_parallel={unit.size}){spares} needs "
+                              f"{unit.nodes} nodes but partition {name!r} has {p.nodes}: lower num_parallel"
+                              f"{' or spares' if unit.spares else ''} or pick a larger partition ({known})")
         nodes, runs_on = o.get("nodes"), unit.size if unit.kind == "gang" else 1
-        if nodes is not None and nodes != runs_on:
+        if nodes is not None and nodes not in (runs_on, unit.nodes if unit.kind == "gang" else runs_on):
             raise ConfigError(f"{where}: @slurm(nodes={nodes}) but the step runs on {runs_on} node(s): drop nodes= "
                               f"(num_parallel sets a gang's size) or make them equal")
 
@@ -218,8 +233,10 @@ class SlurmBackend(Backend):
             raise BackendError(f"cannot create the Slurm log folder {folder}: {e}; set STOKER_SLURM_LOG_DIR to a "
                                f"writable folder on the shared filesystem") from e
         job = self.client.sbatch(request.text, env=unit.env)
-        ref = JobRef(backend=self.name, job_id=job, members=unit.size, kind=unit.kind, step=unit.step,
-                     task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt, extra={"log_dir": folder})
+        extra = {"log_dir": folder, **({"spares": unit.spares} if unit.kind == "gang" and unit.spares else {})}
+        ref = JobRef(backend=self.name, job_id=job, members=unit.nodes if unit.kind == "gang" else unit.size,
+                     kind=unit.kind, step=unit.step, task_ids=[s.task_id for s in unit.specs], attempt=unit.attempt,
+                     extra=extra)
         self._tails[job] = _Tail(ref)
         log.debug("submitted %s as Slurm job %s", unit.label, job)
         return ref
@@ -236,6 +253,12 @@ class SlurmBackend(Backend):
             st = job_status(ref, by_job.get(ref.job_id, []), cancelled=ref.job_id in self._cancelled)
             if st is None:
                 continue
+            if ref.kind == "gang" and ref.extra.get("spares"):
+                st = self._spares_status(ref, st)
+                if st.state == EXITED:
+                    self._running_spares.pop(ref.job_id, None)
+                else:
+                    self._running_spares[ref.job_id] = ref
             out[ref.job_id] = st
             self._tails.setdefault(ref.job_id, _Tail(ref)).status = st  # re-attached refs are tailed too
             if st.hosts and ref.kind != "array":  # where each node runs: a gang's node i is its i-th host
@@ -243,6 +266,36 @@ class SlurmBackend(Backend):
             if st.state == EXITED:
                 self._force_at.pop(ref.job_id, None)
         return out
+
+    def _spares_status(self, ref: JobRef, st: JobStatus) -> JobStatus:
+        """A gang with spares: its members apart (states.spare_members); a job whose batch host was lost is ended
+        once its member step is over (it would otherwise hold its nodes until its time limit)."""
+        if ref.job_id in self._headless:
+            return self._headless[ref.job_id]
+        st, lost = spare_members(ref, st)
+        if st.state == RUNNING:  # the members that have ended: the job goes on while a spare waits
+            folder = ref.extra.get("log_dir", "")
+            for i in range(ref.members):
+                code = _exit_code(member_exit(folder, ref.job_id, i))
+                if code is not None and i not in lost:
+                    st.members[i] = JobStatus(state=EXITED, exit_code=code, started_at=st.started_at,
+                                              hosts=st.hosts[i:i + 1])
+        lost_hosts = [st.hosts[i] for i in lost]
+        if lost_hosts and ref.extra.get("lost_hosts") != lost_hosts:
+            ref.extra["lost_hosts"] = lost_hosts  # shown with the job's record
+            log.info("Slurm job %s goes on without node(s) %s", ref.job_id, ", ".join(lost_hosts))
+        if 0 in lost and st.state == RUNNING and self.client.steps(ref.job_id) == []:
+            host = st.hosts[0]
+            log.info("Slurm job %s lost its batch host %s and its members have ended: cancelling it", ref.job_id, host)
+            self.client.scancel(ref.job_id)
+            ended = {i: JobStatus(state=EXITED, exit_code=0, started_at=st.started_at, hosts=[h],
+                                  reason=f"its job lost the batch host {host}; the member had ended")
+                     for i, h in enumerate(st.hosts)}
+            ended.update(st.members)  # those that left an exit code, or were lost
+            st = JobStatus(state=EXITED, exit_code=0, started_at=st.started_at, hosts=st.hosts, members=ended,
+                           reason=f"the job lost its batch host {host}; its members had ended")
+            self._headless[ref.job_id] = st
+        return st
 
     def cancel(self, ref: JobRef, grace: float = 3.0, member: int | None = None) -> None:
         """A running job: TERM its members now (`scancel --signal=TERM`) and cancel it for good (`scancel`) once
@@ -297,7 +350,37 @@ class SlurmBackend(Backend):
     def close(self) -> None:
         """Cancel for good every job whose grace is still running (a `run` that ends leaves nothing behind)."""
         self._force_due(now=float("inf"))
+        self._sweep_spares()
         self._tails.clear()
+
+    def _sweep_spares(self) -> None:
+        """A gang with spares whose job still runs when the run ends: its waiting spares leave when the gang is over
+        (within a second or two), but a job whose batch host died never ends by itself. Give them
+        `spares_sweep_s`, then cancel what is left."""
+        refs = list(self._running_spares.values())
+        deadline = time.monotonic() + self.spares_sweep_s
+        while refs:
+            try:
+                statuses = self.poll(refs)
+            except BackendError:
+                statuses = {}
+            refs = [r for r in refs if (st := statuses.get(r.job_id)) is not None and st.state != EXITED]
+            if not refs or time.monotonic() >= deadline:
+                break
+            self.sleep(0.5)
+        for r in refs:
+            log.info("Slurm job %s (a gang with spares) still runs after its run ended: cancelling it", r.job_id)
+            self.client.scancel(r.job_id)
+        self._running_spares.clear()
+
+
+def _exit_code(path: str) -> int | None:
+    """The exit code a member of a gang with spares left (render.member_exit), None while it has not ended."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _default_store() -> str:

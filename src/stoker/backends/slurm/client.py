@@ -269,6 +269,13 @@ class SlurmClient:
                 records += [r for r in parse_completion(c.stdout) if r.job in set(missing)]
         return records
 
+    def steps(self, job_id: str) -> list[str] | None:
+        """The job's running member steps (`JOB.0` ...; not its batch or extern step), None when Slurm did not say."""
+        p = self.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i"], check=False)
+        if p.returncode != 0:
+            return None
+        return [s for s in p.stdout.split() if s.startswith(f"{job_id}.") and s.split(".", 1)[1].isdigit()]
+
     # -- cancel ---------------------------------------------------------------------------------------
     def scancel(self, job_id: str, signal: str | None = None) -> bool:
         """With `signal`: signal the steps of a *running* job (its members; `--state=RUNNING`, because Slurm

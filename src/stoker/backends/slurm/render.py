@@ -5,6 +5,20 @@ One unit is one job. A "task" is a 1-node job; a "gang" of N is `--nodes=N` wher
 per node and ends the whole step when one member fails (`--kill-on-bad-exit`); an "array" is `--array=0-K`,
 one member per element. The batch script `exec`s srun so the job's exit code is srun's.
 
+A gang with k hot spares (`@torchrun(spares=k)`, distributed/gangboard.py) is one job of N + k members that keeps
+its allocation through a node failure: `#SBATCH --no-kill` and `srun --no-kill`, without `--kill-on-bad-exit`.
+What Slurm then does (22.05, measured on the test cluster): when slurmctld sets a node DOWN (SlurmdTimeout after its
+slurmd stopped answering), it removes the node from the job ("Removing failed node"), kills the step's tasks there
+only, and leaves the job and the step running on the other nodes; the job's NodeList shrinks and srun's exit code
+stays 0 (`srun: error: Node failure on nK`). Without --no-kill on the step, srun would end the whole step; without
+it on the job, Slurm would end the job (NODE_FAIL). The node agents, not srun, recover: a spare takes the lost
+node's slot. The exception is the batch host (the first node, member 0): its loss kills the batch script and srun,
+and the job then never ends by itself, so member 0 is the gang's last spare (SlurmBackend.main_node_spare) and the
+backend cancels such a job once its step is over (backend.py). Each member learns its own address from
+`STOKER_NODE_ADDRS` (`node=NodeAddr,...` of the whole allocation, one scontrol call; node.py): a spare that takes
+node 0's slot hosts the next rendezvous there. Such a job outlives its members (a spare waits until the gang is
+over), so each member leaves its exit code in `<job>-<member>.exit` in the log folder (`STOKER_SLURM_EXITS`).
+
 No environment value is ever written into a script: the job inherits sbatch's environment by name
 (`--export=ALL`), and members read their identity from Slurm's own variables (see backends/slurm/node.py).
 
@@ -82,6 +96,11 @@ def member_log(folder: str, job_id: str, member: int, stream: str) -> str:
     return os.path.join(folder, f"{job_id}-{member}.{'err' if stream == 'stderr' else 'out'}")
 
 
+def member_exit(folder: str, job_id: str, member: int) -> str:
+    """The exit code a member of a gang with spares leaves when it ends (backends/slurm/node.py)."""
+    return os.path.join(folder, f"{job_id}-{member}.exit")
+
+
 def batch_log(folder: str, job_id: str, member: int, kind: str, stream: str) -> str | None:
     """Slurm's own messages for a member: the batch script's file (member 0 of a job, each array element)."""
     ext = "err" if stream == "stderr" else "out"
@@ -114,6 +133,9 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
     n = unit.size
     array = unit.kind == "array"
     gang = unit.kind == "gang"
+    spares = gang and unit.spares > 0
+    if spares:
+        n = unit.nodes  # members: the gang's nodes and its spares
     job, member = ("%A", "%a") if array else ("%j", "%n")
     head = [f"--job-name=stoker.{_safe(unit.flow)}.{_safe(unit.step)}"]
     if array:
@@ -121,7 +143,7 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
         throttle = f"%{limit}" if limit else ""
         head += [f"--array=0-{n - 1}{throttle}", "--nodes=1", "--ntasks=1"]
     elif gang:
-        head += [f"--nodes={n}", "--ntasks-per-node=1"]
+        head += [f"--nodes={n}", "--ntasks-per-node=1", *(["--no-kill"] if spares else [])]
     else:
         head += ["--nodes=1", "--ntasks=1"]
     for key, flag in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
@@ -140,11 +162,13 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
              f"--error={folder}/batch-{job}{'-%a' if array else ''}.err",
              "--open-mode=append", "--no-requeue", "--export=ALL",
              *opts.sbatch_args, *o.get("extra", [])]
-    srun = ["srun", *(["--kill-on-bad-exit=1"] if gang else []),
+    # with spares a lost node must end neither the job nor the step (see the module docstring)
+    srun = ["srun", *(["--no-kill"] if spares else ["--kill-on-bad-exit=1"] if gang else []),
             f"--nodes={n if gang else 1}", f"--ntasks={n if gang else 1}", "--ntasks-per-node=1",
             *([f"--cpus-per-task={o['cpus_per_task']}"] if "cpus_per_task" in o else []),
             "--open-mode=append", f"--output={folder}/{job}-{member}.out", f"--error={folder}/{job}-{member}.err"]
-    kind = f"a gang of {n} nodes" if gang else f"an array of {n}" if array else "one task"
+    kind = f"a gang of {len(unit.specs)} nodes and {unit.spares} spare{'s' if unit.spares > 1 else ''}" if spares \
+        else f"a gang of {n} nodes" if gang else f"an array of {n}" if array else "one task"
     lines = ["#!/bin/bash",
              f"# stoker: {unit.label} ({kind}); rendered by stoker.backends.slurm, do not edit",
              *(f"#SBATCH {h}" for h in head),
@@ -156,6 +180,15 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
                   'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                   "addr=$(scontrol -o show node \"$first\" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
                   'export STOKER_MAIN_ADDR="${addr:-$first}"']
+    if spares:
+        lines += ["# Every member's own address (its NodeAddr), as node=addr,...: a spare that takes node 0's place",
+                  "# hosts the next rendezvous there (stoker.backends.slurm.node reads it by SLURMD_NODENAME).",
+                  "unset STOKER_NODE_ADDR",
+                  "addrs=$(scontrol -o show node \"$SLURM_JOB_NODELIST\" 2>/dev/null | "
+                  "sed -n 's/^NodeName=\\([^ ]*\\) .*NodeAddr=\\([^ ]*\\).*/\\1=\\2/p' | paste -sd, -)",
+                  'export STOKER_NODE_ADDRS="$addrs"',
+                  "# Each member's exit code goes to <job>-<member>.exit here: the job outlives its members.",
+                  f"export STOKER_SLURM_EXITS={shlex.quote(folder)}"]
     node = unit.node_command(opts.python, "stoker.backends.slurm.node")  # reads Slurm's variables
     lines += ["exec " + shlex.join(srun) + " \\", "    " + shlex.join(node), ""]
     return "\n".join(lines)

@@ -128,6 +128,25 @@ def job_status(ref: JobRef, records: list[SlurmRecord], cancelled: bool = False)
     return st
 
 
+def spare_members(ref: JobRef, st: JobStatus) -> tuple[JobStatus, list[int]]:
+    """A gang with spares (`--no-kill`): Slurm removes a failed node from the running job's NodeList and the job goes
+    on. Member i is the i-th host of the job's first NodeList (kept in `ref.extra["hosts"]`, so a node's index and
+    host stay as they were): a member whose host left the list has EXITED, lost (a signal's negative code, a reason
+    naming NODE_FAIL), while the others keep the job's state. Returns the status and the lost members' indices."""
+    full = list(ref.extra.get("hosts") or [])
+    if len(full) != ref.members:
+        if len(st.hosts) != ref.members:
+            return st, []  # not seen whole yet (queued, or first seen after a loss): the job's status stands
+        full = list(st.hosts)
+    lost = [i for i, h in enumerate(full) if h not in st.hosts] if st.state == RUNNING else []
+    for i in lost:
+        st.members[i] = JobStatus(state=EXITED, exit_code=-9, started_at=st.started_at, hosts=[full[i]],
+                                  reason=f"node {full[i]} failed (NODE_FAIL): Slurm removed it from the job, "
+                                         f"which goes on without it (--no-kill)")
+    st.hosts = full
+    return st, lost
+
+
 def expand_hostlist(spec: str) -> list[str]:
     """Slurm's compressed host lists: `n[1-3,5],gpu07` -> n1 n2 n3 n5 gpu07 (zero padding kept)."""
     hosts: list[str] = []

@@ -202,7 +202,8 @@ class Scheduler:
             self.display.count("running")
         if backend.remote:
             self.display.info(f"[{unit.label}] submitted to {backend.name} as job {ref.job_id}"
-                              + (f" ({len(tasks)} {'nodes' if unit.kind == 'gang' else 'tasks'})"
+                              + (f" ({len(tasks)} {'nodes' if unit.kind == 'gang' else 'tasks'}"
+                                 + (f" + {unit.spares} spare{'s' if unit.spares > 1 else ''})" if unit.spares else ")")
                                  if len(tasks) > 1 else ""), style="dim")
         self.last_poll.setdefault(backend.name, now)
         self.poll_gap[backend.name] = min(FAST_POLL_S, backend.poll_interval)

@@ -42,6 +42,7 @@ class _Gang:
     used: set[int] = field(default_factory=set)  # members that ran a slot (active now, or lost)
     reported: set[int] = field(default_factory=set)  # generations whose recovery time was shown
     evictions: set[int] = field(default_factory=set)  # generations whose eviction request was handled
+    told: set[int] = field(default_factory=set)  # lost members with no spare left, said once
     lost_at: dict[int, float] = field(default_factory=dict)  # generation -> when its lost node was lost
 
 
@@ -92,8 +93,11 @@ class Spares:
                 continue
             spare = self._spare(g, status, now)
             if spare is None:
-                self.say(f"gang {t.step}: node {t.parallel.node_index} (member {t.member}) {lost[0]}; no spare "
-                         f"left: the gang fails as one", "bold red")
+                if t.member not in g.told:  # once; the gang fails as without spares (lostnodes.watch_gang)
+                    g.told.add(t.member)
+                    self.say(f"gang {t.step}: node {t.parallel.node_index} (member {t.member}) {lost[0]}; no spare "
+                             f"left: the gang fails as one", "bold red")
+                self.watch.checked.pop(ref.job_id, None)  # the heartbeat watch judges it again in this pass
                 return
             self._replace(g, t, spare, lost, ref)
 
