@@ -10,7 +10,24 @@ AWS_BATCH_JOB_MAIN_NODE_INDEX, and AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS 
 the job definition's and the overrides' environment, its own empty HOME and working folder (a container shares no
 disk with the submitter), plus this host's AWS settings as the job role's stand-in. Each node's output goes to
 moto's CloudWatch Logs, to the stream the awslogs driver would use (`<definition>/default/<task id>`), and
-DescribeJobs answers with each node's state as Batch would (the job ends when the main node exits).
+DescribeJobs answers with each node's state as Batch would.
+
+What Batch does with a multi-node job's nodes, and so the emulator (AWS Batch User Guide, "Job lifecycle for MNP
+jobs" and "Multi-node parallel jobs"; backends/aws/node.py has the details):
+- a child node that exits, fails or is lost changes nothing else: the other nodes run on, the job stays RUNNING,
+  and the lost node is not replaced; its child job is FAILED with its exit code, or, for a lost instance, the
+  status reason `Host EC2 (instance i-...) terminated.`;
+- when the main node exits the job is over: every child still running is stopped (SIGTERM, then SIGKILL after
+  the stop timeout), and the job's status, reason and exit code are the main node's.
+`kill_node(job, node)` (from any process: the test's) kills one node's container, its whole process tree at once
+with SIGKILL (torchrun's workers run in sessions of their own, so its process group is not enough), as a crashed
+container (`how="container"`) or a lost instance (`how="instance"`).
+
+Where it differs from Batch: the child nodes start with the main node, not once it runs; every node is on this one
+machine (one host name; each node's address, like the main node's, is 127.0.0.1, and there is no ECS task metadata
+endpoint, so a node finds its own address from the host name); a lost "instance" is a killed process tree whose
+host folders survive; ECS's stop timeout is 5 s, not 30; Batch's own retries (`retryStrategy`) are not modelled
+(stoker submits with 1 attempt).
 
 `EmulatedBatchBackend` is the Batch backend with this client; a `run` in another process picks it up with
 `STOKER_BACKENDS=batch=tests.batch_emulator:EmulatedBatchBackend`.
@@ -32,6 +49,7 @@ import uuid
 from typing import Any
 
 import boto3
+import psutil
 
 from stoker.backends.aws.backend import BatchBackend
 from stoker.backends.aws.client import BatchClient
@@ -42,6 +60,9 @@ HOST_ENV = ("PATH", "LANG", "AWS_ENDPOINT_URL", "STOKER_S3_ENDPOINT_URL", "AWS_A
             "STOKER_LOG_UPLOAD_INTERVAL", "OMP_NUM_THREADS")  # not STOKER_STORE_KEY: the nodes read the store's
 # signing key from the Secrets Manager secret the SubmitJob environment names (STOKER_STORE_KEY_SECRET), as on Batch
 LOG_GROUP = "/aws/batch/job"
+STOP_TIMEOUT_S = 5.0  # ECS's stop timeout (30 s on Batch), shortened
+KILLED_REASONS = {"container": "Essential container in task exited",
+                  "instance": "Host EC2 (instance {instance}) terminated."}
 
 
 def _now_ms() -> int:
@@ -49,22 +70,26 @@ def _now_ms() -> int:
 
 
 class _Node:
-    def __init__(self, index: int, proc: subprocess.Popen | None, stream: str) -> None:
+    def __init__(self, index: int, proc: subprocess.Popen | None, stream: str, container: str = "") -> None:
         self.index, self.proc, self.stream = index, proc, stream
+        self.container = container  # its AWS_BATCH_JOB_ID: every process of the container has it (_container_procs)
+        self.swept = False
         self.pid = proc.pid if proc else None
         self.started = _now_ms()
         self.stopped: int | None = None
         self.code: int | None = None
         self.reason: str | None = None
+        self.lost = False  # its instance was lost (kill_node(how="instance")): no exit code, a host status reason
 
     def record(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("index", "pid", "stream", "started", "stopped", "code", "reason")}
+        return {k: getattr(self, k) for k in ("index", "pid", "stream", "started", "stopped", "code", "reason", "lost")}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> _Node:
         node = cls(rec["index"], None, rec["stream"])
         for k in ("pid", "started", "stopped", "code", "reason"):
             setattr(node, k, rec[k])
+        node.lost = bool(rec.get("lost"))
         return node
 
 
@@ -94,10 +119,7 @@ class EmulatedBatch:
     def _file(self, kind: str, key: str) -> str:
         """Definitions and job states are kept as files, so that another process (`stoker logs`, `stoker kill`)
         sees what this one registered and ran, as it would on Batch."""
-        folder = os.path.join(os.environ.get("BATCH_EMULATOR_DIR", os.path.join(tempfile.gettempdir(),
-                                                                                "batch-emulator")), kind)
-        os.makedirs(folder, exist_ok=True)
-        return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+        return _state_file(kind, key)
 
     def _definition_file(self, arn: str) -> str:
         return self._file("definitions", arn)
@@ -141,8 +163,8 @@ class EmulatedBatch:
         n = (req.get("nodeOverrides") or {}).get("numNodes") or (jd["nodeProperties"]["numNodes"] if multinode else 1)
         container = (jd["nodeProperties"]["nodeRangeProperties"][0]["container"] if multinode
                      else jd["containerProperties"])
-        overrides = (req["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"] if multinode
-                     else req.get("containerOverrides") or {})
+        overrides = ((((req.get("nodeOverrides") or {}).get("nodePropertyOverrides") or [{}])[0]
+                      .get("containerOverrides") or {}) if multinode else req.get("containerOverrides") or {})
         params = {**jd.get("parameters", {}), **req.get("parameters", {})}
         command = [params.get(a[5:], a) if a.startswith("Ref::") else a for a in container["command"]]
         command = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(command)]
@@ -170,7 +192,7 @@ class EmulatedBatch:
             self.logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
             proc = subprocess.Popen(command, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            node = _Node(i, proc, stream)
+            node = _Node(i, proc, stream, container=env["AWS_BATCH_JOB_ID"])
             state["nodes"][i] = node
             threading.Thread(target=self._ship, args=(job, node), daemon=True).start()
         self._save(job)
@@ -232,6 +254,11 @@ class EmulatedBatch:
                 try:
                     raw = lines.get(timeout=0.5)
                 except queue.Empty:  # nothing new for a while: ship what is buffered
+                    if node.proc.poll() is not None and not node.swept:
+                        # the container's main process is gone, and with it the container: whatever it left running
+                        # (holding its output open) ends too, as a PID namespace's processes do with its init
+                        node.swept = True
+                        _kill_container(node.container, node.pid)
                     self._put(node.stream, batch)
                     batch = []
                     continue
@@ -246,10 +273,13 @@ class EmulatedBatch:
         except Exception as e:  # noqa: BLE001 - a driver that fails must not leave the job running forever
             print(f"batch emulator: shipping the log of {job}#{node.index} failed: {e!r}", file=sys.stderr)
         code = node.proc.wait()
+        killed = _killed(job, node.index)  # kill_node() said why (it may run in another process)
         with self.lock:
             node.code, node.stopped = code, _now_ms()
+            if killed:
+                node.reason, node.lost = killed["reason"], killed["how"] == "instance"
         self._save(job)
-        if node.index == 0:
+        if node.index == 0:  # Batch: the job is over when the main node exits; a child's exit changes nothing
             self._end_others(job, "the main node exited")
 
     def _put(self, stream: str, events: list[dict[str, Any]]) -> None:
@@ -261,6 +291,11 @@ class EmulatedBatch:
             if node.proc.poll() is None:
                 node.reason = why
                 _signal(node.proc, signal.SIGTERM)
+        threading.Timer(STOP_TIMEOUT_S, self._kill_all, args=(job,)).start()
+
+    def kill_node(self, job: str, index: int, how: str = "instance") -> list[int]:
+        """Kill node `index` of a job this emulator runs (see the module function)."""
+        return kill_node(job, index, how)
 
     def terminate_job(self, jobId: str, reason: str) -> Any:  # noqa: N803 - boto3's argument names
         resp = self.batch.terminate_job(jobId=jobId, reason=reason)
@@ -272,7 +307,7 @@ class EmulatedBatch:
                 if node.proc.poll() is None:
                     node.reason = f"Terminated: {reason}"
                     _signal(node.proc, signal.SIGTERM)
-            threading.Timer(5.0, self._kill_all, args=(jobId,)).start()  # ECS's stop timeout, shortened
+            threading.Timer(STOP_TIMEOUT_S, self._kill_all, args=(jobId,)).start()
         elif (other := self._state(jobId)) is not None:  # started by another process (`stoker kill`)
             other["terminated"] = reason
             self.jobs[jobId] = other
@@ -287,9 +322,11 @@ class EmulatedBatch:
         return resp
 
     def _kill_all(self, job: str) -> None:
+        """ECS's stop timeout is over: every process of the job's containers still running gets SIGKILL."""
         for node in self.jobs[job]["nodes"].values():
-            if node.proc.poll() is None:
-                _signal(node.proc, signal.SIGKILL)
+            if node.proc.poll() is None or not node.swept:
+                node.swept = True
+                _kill_container(node.container, node.pid)
 
     def describe_jobs(self, jobs: list[str]) -> dict[str, Any]:
         assert len(jobs) <= 100, "DescribeJobs takes at most 100 ids"
@@ -310,16 +347,17 @@ class EmulatedBatch:
 
     def _node_desc(self, state: dict[str, Any], node: _Node) -> dict[str, Any]:
         with self.lock:
-            code, stopped, why = node.code, node.stopped, node.reason
-        status = "RUNNING" if code is None else ("SUCCEEDED" if code == 0 else "FAILED")
+            code, stopped, why, lost = node.code, node.stopped, node.reason, node.lost
+        status = "RUNNING" if code is None else ("SUCCEEDED" if code == 0 and not lost else "FAILED")
         c: dict[str, Any] = {"logStreamName": node.stream, "networkInterfaces": [{"privateIpv4Address": "127.0.0.1"}]}
         d: dict[str, Any] = {"jobId": f"{state['id']}#{node.index}" if state["multinode"] else state["id"],
                              "jobName": state["name"], "status": status, "createdAt": state["created"],
                              "startedAt": node.started, "container": c}
         if code is not None:
-            c["exitCode"] = code if code >= 0 else 128 - code
+            if not lost:  # a container whose host went away reports no exit code
+                c["exitCode"] = code if code >= 0 else 128 - code
             d["stoppedAt"] = stopped
-            if code:
+            if code or lost:
                 d["statusReason"] = why or "Essential container in task exited"
         if state["multinode"]:
             d["nodeDetails"] = {"nodeIndex": node.index, "isMainNode": node.index == 0}
@@ -339,6 +377,103 @@ class EmulatedBatch:
 
     def pids(self) -> list[int]:
         return [n.proc.pid for s in self.jobs.values() for n in s["nodes"].values()]
+
+
+def _state_file(kind: str, key: str) -> str:
+    """The emulator's shared state ($BATCH_EMULATOR_DIR/<kind>/...): job states, definitions, kills."""
+    folder = os.path.join(os.environ.get("BATCH_EMULATOR_DIR", os.path.join(tempfile.gettempdir(),
+                                                                            "batch-emulator")), kind)
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+
+def job_states() -> list[dict[str, Any]]:
+    """Every job the emulator ran or runs (from any process), as saved: id, name, n, nodes [{index, pid, code ...}]."""
+    folder = os.path.dirname(_state_file("jobs", "-"))
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):  # being replaced right now
+                continue
+    return out
+
+
+def kill_node(job: str, index: int, how: str = "instance") -> list[int]:
+    """Kill node `index` of multi-node job `job` from any process, as Batch would lose it: its container's whole
+    process tree gets SIGKILL at once (no SIGTERM: nothing of it runs on), then the emulator that runs the job
+    reports the child job FAILED with `how`'s reason (`container`: the container died, exit code 137; `instance`:
+    its host was terminated, no exit code). The other nodes are not told, as on Batch. Returns the killed pids."""
+    if how not in KILLED_REASONS:
+        raise ValueError(f"kill_node(how={how!r}): one of {sorted(KILLED_REASONS)}")
+    with open(_state_file("jobs", job)) as f:
+        state = json.load(f)
+    node = next(n for n in state["nodes"] if n["index"] == index)
+    if node["code"] is not None or not node["pid"]:
+        raise RuntimeError(f"node {index} of job {job} is not running")
+    instance = "i-emulated" + hashlib.sha256(f"{job}#{index}".encode()).hexdigest()[:12]
+    reason = KILLED_REASONS[how].format(instance=instance)
+    marker = _state_file("kills", f"{job}#{index}")
+    with open(marker + ".tmp", "w") as f:
+        json.dump({"how": how, "reason": reason, "at": time.time()}, f)
+    os.replace(marker + ".tmp", marker)  # before the kill: the emulator reads it when it sees the node exit
+    return _kill_container(f"{job}#{index}", node["pid"])
+
+
+def _killed(job: str, index: int) -> dict[str, Any] | None:
+    try:
+        with open(_state_file("kills", f"{job}#{index}")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _container_procs(container: str, pid: int | None) -> list[psutil.Process]:
+    """The processes of one node's "container": its main process, everything under it, and whatever of it was
+    orphaned (torchrun's workers run in sessions of their own; a dead parent's children move to init), known by the
+    AWS_BATCH_JOB_ID every process of the container inherits (the cgroup's stand-in)."""
+    found: dict[int, psutil.Process] = {}
+    if pid:
+        try:
+            root = psutil.Process(pid)
+            if root.environ().get("AWS_BATCH_JOB_ID") == container:  # not a reused pid: the container's own
+                for p in [root, *root.children(recursive=True)]:
+                    found[p.pid] = p
+        except (psutil.Error, OSError):
+            pass
+    if container:
+        for p in psutil.process_iter():
+            try:
+                if p.pid not in found and p.environ().get("AWS_BATCH_JOB_ID") == container:
+                    found[p.pid] = p
+            except (psutil.Error, OSError):  # gone, a zombie, or not ours
+                continue
+    return list(found.values())
+
+
+def _kill_container(container: str, pid: int | None) -> list[int]:
+    """SIGKILL every process of a node's container (`_container_procs`), none given the time to notice: stopped
+    first (so none forks or reaps meanwhile), listed again until the set holds still, then killed."""
+    seen: dict[int, psutil.Process] = {}
+    for _ in range(5):
+        found = _container_procs(container, pid)
+        new = [p for p in found if p.pid not in seen]
+        for p in new:
+            seen[p.pid] = p
+            try:
+                p.suspend()
+            except psutil.NoSuchProcess:
+                pass
+        if not new:
+            break
+    for p in seen.values():
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(seen)
 
 
 def _tool(folder: str, name: str, output: str, fails: bool = False) -> None:

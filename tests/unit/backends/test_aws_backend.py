@@ -59,6 +59,24 @@ def test_a_gang_larger_than_the_compute_environment_is_refused(backend):
         backend.check(make_unit("gang", 9, options=batch(trainium=16, efa=8, instance_type="trn1.32xlarge")))
 
 
+def test_spares_count_as_nodes_of_the_job(backend):
+    """A gang of 7 with 1 spare is a job of 8 nodes (fits 1024 vCPUs); with 2 spares, 9 (does not), and the message
+    says the spares are in it. The job's members are all its nodes (polled, tailed, paid for)."""
+    assert backend.main_node_spare, "Batch ends a job when its main node exits: it is kept as the last spare"
+    ok = make_unit("gang", 7, spares=1, first_slots=list(range(1, 8)),
+                   options=batch(trainium=16, efa=8, instance_type="trn1.32xlarge"))
+    backend.check(ok)
+    with pytest.raises(ConfigError, match=r"a gang of 7 nodes and 2 spares needs 1152 vCPUs.*num_parallel or spares"):
+        backend.check(make_unit("gang", 7, spares=2, first_slots=list(range(1, 8)),
+                                options=batch(trainium=16, efa=8, instance_type="trn1.32xlarge")))
+    ref = backend.submit(backend.materialize(make_unit("gang", 2, spares=1, first_slots=[1, 2],
+                                                       options=batch(cpu=1))))
+    assert ref.members == 3 and ref.task_ids == ["7", "8"]
+    backend.recorded.calls.clear()
+    backend.poll([ref])
+    assert [n for c, n in backend.recorded.calls if c == "describe_jobs"] == [4], "the job and its 3 nodes"
+
+
 def test_a_gang_on_a_spot_queue_is_refused(backend):
     make_queue("spot-queue", kind="SPOT")
     with pytest.raises(ConfigError, match="multi-node job, which Batch runs only on on-demand EC2.*SPOT"):
@@ -147,6 +165,24 @@ def test_a_failed_node_names_itself():
     assert "OutOfMemoryError" in st.member(2).reason and st.member(2).hosts == ["10.0.0.7"]
     assert st.member(1).state == RUNNING
     assert st.reason.startswith("node 0: exit code 143")
+
+
+def test_a_node_whose_instance_was_lost_has_no_exit_code():
+    """Batch reports a lost host as FAILED with `Host EC2 (instance ...) terminated.` and no exit code: no process
+    exited (a gang with spares takes the node for lost, not failed); the job runs on with its main node."""
+    parent = {"jobId": "j", "status": "RUNNING", "startedAt": 1_700_000_000_000}
+    nodes = {0: {"status": "RUNNING"}, 1: {"status": "RUNNING"},
+             2: {"status": "FAILED", "statusReason": "Host EC2 (instance i-0abc) terminated.", "container": {}}}
+    st = job_status(parent, nodes)
+    assert st.state == RUNNING and st.member(1).state == RUNNING
+    lost = st.member(2)
+    assert lost.state == EXITED and lost.exit_code is None
+    assert lost.reason == "node 2: Host EC2 (instance i-0abc) terminated."
+    gone = job_status({**parent, "status": "FAILED", "statusReason": "Host EC2 (instance i-0def) terminated."},
+                      {**nodes, 0: {"status": "FAILED", "statusReason": "Host EC2 (instance i-0def) terminated."}})
+    assert gone.state == EXITED and gone.exit_code is None and "Host EC2" in gone.reason
+    other = status_of({"status": "FAILED", "statusReason": "Task failed to start", "container": {}})
+    assert other.exit_code == 1, "any other failure without an exit code is a failure, as before"
 
 
 def test_queued_states_and_blocked_jobs():

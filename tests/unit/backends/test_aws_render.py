@@ -42,6 +42,9 @@ CASES = {
     "trainium_gang": lambda: make_unit("gang", 4, attempt=1, timeout_s=36000, options=batch(
         trainium=16, efa=8, cpu=96, memory=480000, shared_memory=65536, instance_type="trn1.32xlarge",
         aws_batch_tags={"team": "llm"})),
+    # a gang of 2 with 1 hot spare: one job of 3 nodes, the main node kept as the spare (backends/aws/node.py)
+    "gang_spares": lambda: make_unit("gang", 2, spares=1, first_slots=[1, 2], timeout_s=3600, options=batch(
+        cpu=8, memory=28000, instance_type="c5.4xlarge")),
     "gpu_task": lambda: make_unit("task", 1, resources={"gpu": 8, "cpu": 32, "memory": 200000}, options=batch(
         use_tmpfs=True, tmpfs_size=8192, host_volumes=["/fsx"], max_swap=0, swappiness=10, privileged=True,
         iam_role="arn:aws:iam::123456789012:role/other", queue="gpu-queue")),
@@ -92,6 +95,22 @@ def test_multinode_job_shape():
     assert {"type": "MEMORY", "value": "480000"} in c["resourceRequirements"]
     assert sub["timeout"] == {"attemptDurationSeconds": 36000 + 300}
     assert sub["tags"]["team"] == "llm" and sub["tags"]["stoker:attempt"] == "1"
+
+
+def test_a_gang_with_spares_is_one_job_of_all_its_nodes():
+    """N + k nodes in one multi-node job; without spares the requests are what they were (the golden files)."""
+    jd, sub, text = render_requests(CASES["gang_spares"](), OPTS)
+    assert jd["nodeProperties"]["numNodes"] == 3 and sub["nodeOverrides"]["numNodes"] == 3
+    assert jd["nodeProperties"]["mainNode"] == 0
+    assert [r["targetNodes"] for r in jd["nodeProperties"]["nodeRangeProperties"]] == ["0:"]
+    plain = make_unit("gang", 2, timeout_s=3600, options=batch(cpu=8, memory=28000, instance_type="c5.4xlarge"))
+    jd0, sub0, _ = render_requests(plain, OPTS)
+    assert jd0["nodeProperties"]["numNodes"] == 2 and sub0["nodeOverrides"]["numNodes"] == 2
+    strip = lambda d: json.loads(json.dumps(d).replace('"numNodes": 3', '"numNodes": 2'))  # noqa: E731
+    assert strip({k: v for k, v in sub.items() if k != "jobDefinition"}) == \
+        {k: v for k, v in sub0.items() if k != "jobDefinition"}, "only the node count differs in the submission"
+    assert strip({k: v for k, v in jd.items() if k != "jobDefinitionName"}) == \
+        {k: v for k, v in jd0.items() if k != "jobDefinitionName"}
 
 
 def test_no_secret_and_no_per_run_value_in_the_definition(monkeypatch):

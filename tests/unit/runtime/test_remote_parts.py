@@ -34,7 +34,8 @@ def test_identity_from_each_engine():
     assert node_identity({**slurm, "SLURM_ARRAY_TASK_ID": "7", "SLURM_NODEID": "0"}, SLURM).member == 7
     batch = {"AWS_BATCH_JOB_NODE_INDEX": "3", "AWS_BATCH_JOB_NUM_NODES": "4",
              "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.1.2.3"}
-    assert node_identity(batch, BATCH) == node_identity(batch).__class__(3, 4, "10.1.2.3", 29500)
+    got = node_identity(batch, BATCH)
+    assert (got.member, got.num_nodes, got.main_addr, got.port) == (3, 4, "10.1.2.3", 29500) and got.addr
     local = {"STOKER_MEMBER": "2", "STOKER_NUM_NODES": "3", "STOKER_MAIN_PORT": "1234", **slurm}
     assert node_identity(local, SLURM) == node_identity(local).__class__(2, 3, "127.0.0.1", 1234), "local wins"
     assert node_identity(slurm) == node_identity(batch) == node_identity({}), "the generic node reads no engine's"

@@ -170,3 +170,18 @@ def test_member_spec_of_an_active_member_of_a_gang_with_spares(store):
     assert spec.task_id == "11" and spec.parallel.node_index == 1 and spec.parallel.num_nodes == 2
     assert spec.parallel.member == 2 and spec.parallel.main_ip == "10.0.0.1"
     assert GangBoard.of(store, "F", "1", "train", "10", 0).member(2)["state"] == "active"
+
+
+def test_a_remote_member_that_ended_without_its_manifest_is_lost(store):
+    """A killed container (Batch says 137) wrote no manifest: lost, replaced. One that wrote its manifest (its own
+    failure) is not."""
+    spares, unit, ref, tasks, said = _gang(store, remote=True)
+    GangBoard.of(store, "F", "1", "train", "10", 0).announce(2, "10.0.0.3", "n3", "standby")
+    status = JobStatus(RUNNING, members={0: JobStatus(RUNNING), 1: JobStatus(EXITED, exit_code=137, reason="x"),
+                                         2: JobStatus(RUNNING)})
+    store.write("runs/F/1/train/11/0/manifest.json", b"{}")  # node 1 failed on its own: it said so
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[1].member == 1 and not said
+    store.delete("runs/F/1/train/11/0/manifest.json")
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[1].member == 2 and "ended with exit code 137 without a word of its task (x)" in said[-1]

@@ -1,4 +1,5 @@
-"""The AWS Batch backend: a task is a single-node job, a `num_parallel` gang one multi-node job.
+"""The AWS Batch backend: a task is a single-node job, a `num_parallel` gang one multi-node job (of N + k nodes
+with `@torchrun(spares=k)`: the main node is kept as the last spare, `main_node_spare`; why in node.py).
 
 Each node runs the task entrypoint from the code package and spec in the S3 store (render.py). One DescribeJobs
 call (100 ids at most) polls every live job and the nodes of multi-node jobs; each node's output is read from
@@ -48,6 +49,9 @@ class BatchBackend(Backend):
     remote = True
     arrays = False
     persist_refs = True
+    # Batch ends a multi-node job when its main node exits, and does nothing when a child node dies (node.py): a gang
+    # with spares runs generation 0 on nodes 1..N and keeps the main node as its last spare
+    main_node_spare = True
 
     def __init__(self, options: BatchOptions | None = None, client: BatchClient | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -122,21 +126,23 @@ class BatchBackend(Backend):
         usable = [e for e in envs if (e.get("computeResources") or {}).get("type") in ("EC2", None)
                   and e.get("state") != "DISABLED"]
         name = queue.get("jobQueueName", s["queue"])
+        gang = f"a gang of {unit.size} nodes" + (f" and {unit.spares} spare{'s' if unit.spares > 1 else ''}"
+                                                  if unit.spares else "")
         if envs and not usable:
             kinds = ", ".join(sorted({str((e.get("computeResources") or {}).get("type")) for e in envs}))
-            raise ConfigError(f"{where}: a gang of {unit.size} nodes is a multi-node job, which Batch runs only on "
+            raise ConfigError(f"{where}: {gang} is a multi-node job, which Batch runs only on "
                               f"on-demand EC2 compute environments, but queue {name!r} has {kinds}: use a queue of "
                               f"an EC2 compute environment (`stoker infra apply` with spot = false)")
         itype = instance_type(s["instance_type"]) if s["instance_type"] else None
         per_node = itype.vcpus if itype else s["cpu"]
-        need = unit.size * per_node
+        need = unit.nodes * per_node  # every node of the job at once, spares included
         room = max(((e.get("computeResources") or {}).get("maxvCpus") or 0 for e in usable), default=0)
         if usable and room and need > room:
-            raise ConfigError(f"{where}: a gang of {unit.size} nodes needs {need} vCPUs at once ({per_node} a node"
+            raise ConfigError(f"{where}: {gang} needs {need} vCPUs at once ({per_node} a node"
                               f"{' on ' + itype.name if itype else ''}), but the compute environments of queue "
                               f"{name!r} allow at most {room}; the job would wait forever. Fix: raise max_vcpus in "
                               f"stoker-infra.toml to {need} or more and run `stoker infra apply`, or lower "
-                              f"num_parallel")
+                              f"num_parallel" + (" or spares" if unit.spares else ""))
 
     def _check_fit(self, unit: Unit, s: dict[str, Any], where: str) -> None:
         """The request must fit one node of an instance type the compute environment can launch."""
@@ -176,7 +182,7 @@ class BatchBackend(Backend):
         s = step_settings(unit, self.options)
         itype = s["instance_type"] or (self.options.instance_types[0] if len(self.options.instance_types) == 1
                                        else None)
-        ref = JobRef(backend=self.name, job_id=job, members=unit.size, kind=unit.kind, step=unit.step,
+        ref = JobRef(backend=self.name, job_id=job, members=unit.nodes, kind=unit.kind, step=unit.step,
                      task_ids=[sp.task_id for sp in unit.specs], attempt=unit.attempt,
                      extra={"region": self.client.region_name(), "log_group": self.options.log_group,
                             "queue": request.payload["submit"]["jobQueue"], "instance_type": itype})

@@ -2,7 +2,9 @@
 what is registered and submitted.
 
 A "task" is a single-node job (`type: container`); a "gang" of N is one multi-node job (`type: multinode`,
-`mainNode 0`, one node range `0:` for every node, `nodeOverrides.numNodes = N`). The job definition depends
+`mainNode 0`, one node range `0:` for every node, `nodeOverrides.numNodes = N`); a gang with k hot spares
+(`@torchrun(spares=k)`) is one job of N + k nodes (`unit.nodes`), the same in every other respect (node.py says
+which node waits as a spare). The job definition depends
 only on the step (image, resources, devices, roles), so it is registered once and reused by every run: its name
 carries a hash of its content. What differs per submission travels in the SubmitJob request: the blob keys as
 Batch *parameters* (`Ref::code` in the command) and non-secret environment values. Secrets never appear in
@@ -198,7 +200,7 @@ def job_definition(unit: Unit, opts: BatchOptions) -> dict[str, Any]:
                             "propagateTags": True, "platformCapabilities": ["EC2"]}
     if unit.kind == "gang":
         body.update(type="multinode", nodeProperties={
-            "numNodes": unit.size, "mainNode": 0,
+            "numNodes": unit.nodes, "mainNode": 0,
             "nodeRangeProperties": [{"targetNodes": "0:", "container": container}]})
     else:
         body.update(type="container", containerProperties=container)
@@ -235,7 +237,7 @@ def submit_request(unit: Unit, opts: BatchOptions, definition: str) -> dict[str,
         "propagateTags": True,
     }
     if unit.kind == "gang":
-        req["nodeOverrides"] = {"numNodes": unit.size, "nodePropertyOverrides": [
+        req["nodeOverrides"] = {"numNodes": unit.nodes, "nodePropertyOverrides": [
             {"targetNodes": "0:", "containerOverrides": overrides}]}
     else:
         req["containerOverrides"] = overrides

@@ -13,6 +13,8 @@ from stoker.runtime.contract import EXITED, QUEUED, RUNNING, JobStatus
 
 QUEUED_STATES = {"SUBMITTED", "PENDING", "RUNNABLE", "STARTING"}
 BLOCKED_PREFIXES = ("MISCONFIGURATION",)
+# a job (or node) whose EC2 instance went away: FAILED with this status reason and no exit code
+HOST_LOST_PREFIX = "Host EC2"
 
 
 def _seconds(ms: Any) -> float | None:
@@ -57,6 +59,10 @@ def status_of(desc: dict[str, Any]) -> JobStatus:
     if state == "SUCCEEDED":
         return JobStatus(EXITED, exit_code=0, started_at=started, hosts=hosts)
     code = container(desc).get("exitCode")
+    if not isinstance(code, int) and (desc.get("statusReason") or "").startswith(HOST_LOST_PREFIX):
+        # its instance was lost, with everything on it: no process exited, so there is no exit code (a gang with
+        # spares takes such a node for lost: runtime/driver/spares.py)
+        return JobStatus(EXITED, exit_code=None, started_at=started, hosts=hosts, reason=why)
     return JobStatus(EXITED, exit_code=int(code) if isinstance(code, int) and code != 0 else 1,
                      started_at=started, hosts=hosts, reason=why or "failed")
 
@@ -68,13 +74,15 @@ def job_status(parent: dict[str, Any], nodes: dict[int, dict[str, Any]]) -> JobS
         m = status_of(desc)
         if m.state == EXITED and m.exit_code:
             m.reason = f"node {i}: exit code {m.exit_code}" + (f" ({m.reason})" if m.reason else "")
+        elif m.state == EXITED and m.exit_code is None:
+            m.reason = f"node {i}: {m.reason}"
         st.members[i] = m
         st.hosts += [h for h in m.hosts if h not in st.hosts]
     if st.blocked:  # the job will never start as submitted: so will none of its nodes
         for m in st.members.values():
             if m.state == QUEUED:
                 m.blocked, m.reason = True, st.reason
-    failed = [i for i, m in sorted(st.members.items()) if m.state == EXITED and m.exit_code]
+    failed = [i for i, m in sorted(st.members.items()) if m.state == EXITED and m.exit_code != 0]
     if st.state == EXITED and st.exit_code and failed:
         first = st.members[failed[0]]
         st.reason = first.reason + (f"; job: {st.reason}" if st.reason and st.reason != "failed" else "")

@@ -6,7 +6,8 @@ generation 0 is posted before any member starts. At every poll of the job (`chec
 lost when
 - its process ended without a word of its own (killed by a signal, or it left as replaced): a local member;
 - its heartbeat went silent (runtime/driver/lostnodes.py: NodeWatch): a remote one; two missed beats are enough once a
-  survivor said its torchrun failed after the silent node's last beat (`failed-*.json`).
+  survivor said its torchrun failed after the silent node's last beat (`failed-*.json`); or its engine says it ended
+  (a killed container: 137) and its task wrote no manifest.
 Then, if a spare is alive (its process runs; a remote one rewrote its record within `SPARE_FRESH_S`), the next
 generation gives the lost node's slot to it: the task keeps its attempt and goes on under the spare's member (no
 new submission, no queue); the survivors restart torchrun on the new rendezvous. With no spare left, the gang fails
@@ -28,6 +29,7 @@ from stoker.distributed.gangboard import GangBoard, Generation, first_slots
 from stoker.distributed.generations import EXIT_REPLACED
 from stoker.runtime.contract import EXITED, JobRef, JobStatus, Unit
 from stoker.runtime.driver.lostnodes import NodeWatch
+from stoker.store.manifest import manifest_name
 
 SPARE_FRESH_S = 10.0  # a remote spare whose record is older than this is not taken
 
@@ -128,9 +130,20 @@ class Spares:
         if s.state == EXITED and (s.exit_code is None or s.exit_code < 0 or s.exit_code == EXIT_REPLACED):
             how = f"killed by signal {-s.exit_code}" if s.exit_code and s.exit_code < 0 else "gone"
             return f"lost: its process was {how}", now, (s.hosts or ["?"])[0]
+        if s.state == EXITED and s.exit_code and g.remote and not self._wrote_manifest(t):
+            # e.g. a container killed (137): the engine says it ended, and its task said nothing
+            why = f"lost: it ended with exit code {s.exit_code} without a word of its task" + \
+                (f" ({s.reason})" if s.reason else "")
+            return why, now, (s.hosts or ["?"])[0]
         if found is not None and tasks[found.node] is t:
             return f"lost: no heartbeat for {found.silent_s:.0f} s", found.last_beat, found.host
         return None
+
+    def _wrote_manifest(self, t: Any) -> bool:
+        try:
+            return bool(self.store.exists(manifest_name(self.flow, self.run_id, t.step, t.task_id, t.attempt)))
+        except Exception:  # noqa: BLE001 - unknown: not a loss
+            return True
 
     def _spare(self, g: _Gang, status: JobStatus, now: float) -> int | None:
         """A live spare member not used yet, in the engine's order (member 0 last where it is kept for last)."""
