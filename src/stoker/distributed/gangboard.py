@@ -14,6 +14,7 @@ The objects, under the gang's attempt (`runs/<flow>/<run>/<step>/<node 0's task>
     current.json        the latest generation (members poll it)
     gen-000001.json     each generation as it was decided: slots, which member left and why, which spare joined
     member-3.json       member 3's address and host, written when it starts (a spare rewrites it while it waits)
+    warm.json           what the spares prepare while they wait: the staged inputs, the Neuron compile cache
     started-000001.json when generation 1's first training step was done (its recovery time ends there)
     evict-000001.json   generation 1's trainer asks for its straggler node to be swapped for a spare
     failed-000001-2.json  member 2's torchrun of generation 1 failed (a peer left): less silence proves a loss
@@ -153,6 +154,18 @@ class GangBoard:
             except (ValueError, KeyError, TypeError, OSError):
                 continue
         return out
+
+    def publish_warmup(self, doc: dict[str, Any]) -> None:
+        """What a spare prepares while it waits, as node 0 of generation 0 did it: the store URLs it staged
+        (`stage`), the Neuron compile cache's store and prefix (`neuron_cache`, `store_url`)."""
+        self._write("warm.json", doc)
+
+    def warmup(self) -> dict[str, Any] | None:
+        data = self._read("warm.json")
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            return None
 
     # -- members -------------------------------------------------------------------------------------------------
     def announce(self, member: int, addr: str, host: str, state: str) -> None:

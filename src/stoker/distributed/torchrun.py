@@ -293,6 +293,8 @@ class TorchrunHelper:
         sync = self._cache_sync(child_env) if neuron else None
         if sync:
             sync("fetch")
+        if self.gang is not None and self.node_rank == 0:  # what the spares get ready while they wait
+            self.gang.publish_warmup(self.staged, self.neuron_cache if sync else None, self.store_url)
         from stoker.distributed.preflight import gate
 
         if self.gang is not None and self.gang.joining():

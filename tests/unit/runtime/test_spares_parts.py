@@ -185,3 +185,26 @@ def test_a_remote_member_that_ended_without_its_manifest_is_lost(store):
     store.delete("runs/F/1/train/11/0/manifest.json")
     spares.check(ref, tasks, status, time.time())
     assert tasks[1].member == 2 and "ended with exit code 137 without a word of its task (x)" in said[-1]
+
+
+def test_a_waiting_spare_prepares_what_node_0_prepared(store, tmp_path, capsys):
+    """warm.json names the inputs node 0 staged and its Neuron cache: the spare stages them into the node's stage
+    cache (a local folder is used where it is) while it waits; a failure is said, never fatal."""
+    from stoker.runtime.member.standby import warm_up
+
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = warm_up({"stage": [str(data), str(tmp_path / "missing")], "neuron_cache": None, "store_url": None})
+    assert len(lines) == 2 and "failed" in lines[1] and "the task stages it when it runs" in lines[1]
+    fetched: list = []
+    warm_up({"stage": [], "neuron_cache": "neuron-cache/", "store_url": store.url},
+            fetch_fn=lambda url, prefix: fetched.append((url, prefix)))
+    assert fetched == [(store.url, "neuron-cache/")]
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    board.post(Generation(0, [0, 1]))
+    board.publish_warmup({"stage": [str(data)], "neuron_cache": None, "store_url": None})
+    board.end("done")
+    ident = NodeIdentity(member=2, num_nodes=3, main_addr="127.0.0.1")
+    assert wait_for_slot(specs(2, store.url), ident, 1, board, 0.02) is None
+    time.sleep(0.3)
+    assert "spare warm-up:" in capsys.readouterr().err

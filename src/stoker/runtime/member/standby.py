@@ -1,7 +1,8 @@
 """A hot spare of a gang (`@torchrun(spares=k)`): a member beyond the gang's nodes waits here, warm, until the driver
 gives it a lost node's slot (distributed/gangboard.py), then runs that slot's task like any node.
 
-While it waits it rewrites `gang/member-<m>.json` every two seconds (its address and host; the driver takes a spare
+While it waits it prepares what node 0 prepared before training (`gang/warm.json`: the inputs it staged go into this
+node's stage cache, the Neuron compile cache is fetched), and it rewrites `gang/member-<m>.json` every two seconds (its address and host; the driver takes a spare
 whose record is fresh, runtime/driver/spares.py). It leaves when the gang is over (`gang/end.json`): exit 0, no task,
 no manifest. A spare never writes anything of a task it was not given.
 """
@@ -9,8 +10,11 @@ no manifest. A spare never writes anything of a task it was not given.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from stoker.distributed.gangboard import POLL_S, GangBoard
 from stoker.runtime.member.nodeenv import NodeIdentity, own_addr
@@ -53,7 +57,11 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
     print(f"stoker: spare member {ident.member} of {specs[0].flow}/{specs[0].run_id}/{specs[0].step} waiting "
           f"({addr})", file=sys.stderr, flush=True)
     announced = 0.0
+    warming: threading.Thread | None = None
     while True:
+        if warming is None and (todo := board.warmup()) is not None:  # node 0 staged, fetched: do it too, meanwhile
+            warming = threading.Thread(target=warm_up, args=(todo,), name="stoker-spare-warmup", daemon=True)
+            warming.start()
         now = time.monotonic()
         if now - announced >= ANNOUNCE_EVERY_S:
             try:
@@ -71,6 +79,42 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
             print("stoker: the gang is over; this spare was not needed", file=sys.stderr, flush=True)
             return None
         time.sleep(poll_s)
+
+
+def warm_up(todo: dict, stage_fn: Callable[[str], Any] | None = None,
+            fetch_fn: Callable[[str, str], Any] | None = None) -> list[str]:
+    """Prepare what node 0 prepared (`warm.json`): stage its inputs into this node's stage cache (the task's own
+    staging then finds them there) and fetch the Neuron compile cache. Best effort: what fails is said and left
+    for the task to do. Returns what it did, one line each."""
+    done: list[str] = []
+    for url in todo.get("stage") or []:
+        try:
+            if stage_fn is None:
+                from stoker.distributed.stage import stage
+
+                staged = stage(url)
+                done.append(staged.summary())
+            else:
+                done.append(str(stage_fn(url)))
+        except Exception as e:  # noqa: BLE001
+            done.append(f"staging {url} failed ({e}); the task stages it when it runs")
+    prefix, store_url = todo.get("neuron_cache"), todo.get("store_url")
+    if prefix and store_url:
+        try:
+            if fetch_fn is None:
+                from stoker.distributed import neuron_cache
+                from stoker.store.blobs import open_store
+
+                local = neuron_cache.local_cache_dir()
+                if local is not None:
+                    done.append(neuron_cache.fetch(open_store(store_url), prefix, local).summary())
+            else:
+                done.append(str(fetch_fn(store_url, prefix)))
+        except Exception as e:  # noqa: BLE001
+            done.append(f"the Neuron compile cache could not be fetched ({e}); the task fetches it when it runs")
+    for line in done:
+        print(f"stoker: spare warm-up: {line}", file=sys.stderr, flush=True)
+    return done
 
 
 def _hostname() -> str:
