@@ -16,8 +16,8 @@ Recovery = the loss to the first training step after it: the first record rank 0
 `time`, written by the trainer itself; all nodes share this host's clock) after the kill for a step that had been
 logged before it (the restarted training redoes the steps since its checkpoint).
 
-Queue wait (Slurm only, `--queue-wait W`): right after the kill, a job asking for every node for W seconds is
-submitted (`sbatch --wrap "sleep W"`). A gang with a spare keeps its allocation, so that job waits until the run is
+Queue wait (Slurm only, `--queue-wait W`): right after the kill, a job asking for every node still up for W seconds
+is submitted (`sbatch --wrap "sleep W"`). A gang with a spare keeps its allocation, so that job waits until the run is
 over; the whole-gang retry queues behind it, as on a busy cluster. The ratio grows with W.
 
 Goal (issue 26): the spare recovers at least 5x faster on the local Slurm cluster. The exit status is non-zero when
@@ -164,7 +164,7 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
             killed = time.time()
             cluster.kill_node(node)  # type: ignore[attr-defined]
             if wait > 0:
-                blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(cluster.nodes)}",  # type: ignore
+                blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(cluster.nodes) - 1}",  # type: ignore
                                           "-p", cluster.partition, "--wrap", f"sleep {int(wait)}"],  # type: ignore
                                          env={**os.environ, **cluster.env}, capture_output=True, text=True,  # type: ignore
                                          check=True).stdout.strip()

@@ -67,7 +67,9 @@ class GangLink:
         board = GangBoard.of(open_store(url), current.flow_name, current.run_id, current.step_name,
                              str(par.control_task_id), int(current.retry_count or 0))
         member = par.member if par.member is not None else par.node_index
-        return cls(board, member, base_port, par.main_ip, decision_wait_s(url), evict=evict)
+        folder = getattr(board.store, "root", None) is not None  # a shared folder: reading current.json is cheap
+        return cls(board, member, base_port, par.main_ip, decision_wait_s(url), poll_s=0.2 if folder else POLL_S,
+                   evict=evict)
 
     def generation(self) -> Generation:
         """The current generation (the driver posts generation 0 before the members start)."""

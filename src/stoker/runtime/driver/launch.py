@@ -23,6 +23,7 @@ from stoker.flow.decorators import apply_with
 from stoker.flow.frames import frames_from_json
 from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
+from stoker.flow.mutables import has_user_decorators
 from stoker.flow.parameters import _MISSING, Config, Parameter, ParameterContext, gang_size
 from stoker.redact import REDACTED, redact_with_spec
 from stoker.runtime.contract import Backend, InProcessBackend, Unit
@@ -77,7 +78,9 @@ def resolve_run_inputs(flow_cls: type, given: dict[str, Any], config_paths: dict
         if isinstance(p, Config):
             ctx = ParameterContext(flow_name=flow_cls.__name__, user_name=current_user(), parameter_name=p.name)
             values[attr] = p.resolve(config_paths.get(p.name), by_cfg[p.name], base_dir, ctx)
-    params = {attr: p for attr, p in inputs.items() if not isinstance(p, Config)}
+    if has_user_decorators(flow_cls):  # its mutators run now (bind_run), and may add Parameters
+        bind_run(flow_cls, values, current_user(), project_options, flow_cls.__name__)
+    params = {attr: p for attr, p in flow_cls._run_inputs().items() if not isinstance(p, Config)}
     if not params:
         return values
     configs = ConfigValue(config_values_by_name(flow_cls, values))
@@ -97,6 +100,10 @@ def resolve_run_inputs(flow_cls: type, given: dict[str, Any], config_paths: dict
 
 def prepare_flow(flow_cls: type, with_specs: list[str]) -> FlowGraph:
     apply_with(flow_cls, with_specs)
+    return _checked_graph(flow_cls)
+
+
+def _checked_graph(flow_cls: type) -> FlowGraph:
     graph = FlowGraph(flow_cls)
     lint(graph, flow_cls._run_inputs())
     return graph
@@ -158,6 +165,8 @@ def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
     if config_paths is not None or overrides is not None:
         converted = resolve_run_inputs(flow_cls, given, config_paths or {}, overrides or {}, base_dir)
         bind_run(flow_cls, converted, current_user(), None, graph.name)
+        if has_user_decorators(flow_cls):
+            graph = _checked_graph(flow_cls)
     else:
         bind_default_configs(flow_cls, base_dir)
         converted = {attr: p.convert(given[p.name]) for attr, p in flow_cls._run_inputs().items()
@@ -223,8 +232,10 @@ def _set_up(flow_cls: type, router: Router, req: RunRequest) -> tuple[RunContext
     else:
         values = resolve_run_inputs(flow_cls, req.params, req.config_paths, req.overrides, Path(flow_file).parent,
                                     req.project_options)
-    # config values into decorators (`@retry(times=cfg.n)`), then @project's system tags
+    # the mutators, config values into decorators (`@retry(times=cfg.n)`), then @project's system tags
     project = bind_run(flow_cls, values, user, req.project_options, graph.name)
+    if has_user_decorators(flow_cls):  # mutators may have changed the steps' decorators
+        graph = _checked_graph(flow_cls)
     system_tags = project.tags if project else []
     check_user_tags(req.tags, user=user, system=system_tags)  # `user:x`, `project:x` are stoker's to set
     if req.max_workers < 1:

@@ -126,7 +126,8 @@ class NodeWatch:
             # the others failed after its last beat: they report the collective it left, so two missed beats will do
             reported = any(d.get("code") and float(d.get("at") or 0) > last_at for j, d in ended.items() if j != i) \
                 or (peer_failed_at is not None and peer_failed_at > last_at)
-            quiet = now - s.changed > (min(limit, 2 * self.interval) if reported and threshold is None else limit)
+            beat = float(s.doc.get("interval") or self.interval)  # a gang with spares may beat faster
+            quiet = now - s.changed > (min(limit, 2 * beat) if reported and threshold is None else limit)
             # evidence that the silence is a loss: a peer still beating (it waits for this one), or one that failed;
             # peers that all ended well say nothing (this node may still be saving its artifacts, the GIL held)
             others = (alive | {j for j, d in ended.items() if d.get("code")}) - {i}

@@ -32,6 +32,7 @@ from stoker.runtime.driver.lostnodes import NodeWatch
 from stoker.store.manifest import manifest_name
 
 SPARE_FRESH_S = 10.0  # a remote spare whose record is older than this is not taken
+READ_BEATS_S = 0.25  # the least seconds between two reads of a gang with spares' heartbeats (one GET per node)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Spares:
             return  # the gang is being stopped, or a node failed on its own: not ours to mend
         self._evict(g, ref, running, status)
         found = None
-        if g.remote and now - self.watch.checked.get(ref.job_id, 0.0) >= self.watch.every:
+        if g.remote and now - self.watch.checked.get(ref.job_id, 0.0) >= min(self.watch.every, READ_BEATS_S):
             said = g.board.failures(g.gen.gen)  # survivors whose torchrun failed: a peer left them
             found = self.watch.lost(ref, tasks, now, peer_failed_at=min(said.values()) if said else None)
         for t in running:

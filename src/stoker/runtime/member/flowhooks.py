@@ -11,13 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from stoker.flow.configs import bind_configs, needs_binding
+from stoker.flow.mutables import apply_user_decorators, has_user_decorators
 from stoker.flow.parameters import Config
 from stoker.flow.project import ProjectInfo, project_info
 
 
 def bind_run(flow_cls: type, values: dict[str, Any], user: str, project_options: dict[str, Any] | None = None,
              flow_name: str | None = None) -> ProjectInfo | None:
-    """Bind the run's Config values into the flow's decorators; return its @project info (None without one)."""
+    """Run the flow's mutators (once) and bind the run's Config values into the flow's decorators; return its
+    @project info (None without one)."""
+    apply_user_decorators(flow_cls, values)
     bind_configs(flow_cls, values)
     opts = project_options or {}
     return project_info(flow_cls, user, branch=opts.get("branch"), production=bool(opts.get("production")),
@@ -25,8 +28,10 @@ def bind_run(flow_cls: type, values: dict[str, Any], user: str, project_options:
 
 
 def bind_task_configs(flow_cls: type, spec: Any, store: Any = None) -> None:
-    """A task in a new process: evaluate config expressions in decorators with its run's Config values."""
-    if not needs_binding(flow_cls):
+    """A task in a new process: run the flow's mutators and evaluate config expressions in decorators with its
+    run's Config values."""
+    mutators = has_user_decorators(flow_cls)
+    if not needs_binding(flow_cls) and not mutators:
         return
     from stoker.store.artifacts import load_artifact
     from stoker.store.blobs import open_store
@@ -35,6 +40,8 @@ def bind_task_configs(flow_cls: type, spec: Any, store: Any = None) -> None:
     inputs = flow_cls._run_inputs()
     values = {k: load_artifact(store, d) for k, d in spec.run_inputs.items()
               if isinstance(inputs.get(k), Config)}
+    if mutators:
+        apply_user_decorators(flow_cls, values)
     bind_configs(flow_cls, values)
 
 

@@ -2,9 +2,10 @@
 gives it a lost node's slot (distributed/gangboard.py), then runs that slot's task like any node.
 
 While it waits it prepares what node 0 prepared before training (`gang/warm.json`: the inputs it staged go into this
-node's stage cache, the Neuron compile cache is fetched), and it rewrites `gang/member-<m>.json` every two seconds (its address and host; the driver takes a spare
-whose record is fresh, runtime/driver/spares.py). It leaves when the gang is over (`gang/end.json`): exit 0, no task,
-no manifest. A spare never writes anything of a task it was not given.
+node's stage cache, the Neuron compile cache is fetched), and it rewrites `gang/member-<m>.json` every two seconds
+(its address and host; the driver takes a spare whose record is fresh, runtime/driver/spares.py). It leaves when the
+gang is over (`gang/end.json`): exit 0, no task, no manifest. A spare never writes anything of a task it was not
+given.
 """
 
 from __future__ import annotations

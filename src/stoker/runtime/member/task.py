@@ -90,7 +90,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     ctx = TaskContext(spec=spec, flow_cls=flow_cls, func=func, node=node, store=store, tempdir=tmp, parallel=par)
     hooks = TaskHooks(ctx)
     hooks.started()
-    ctx.flow, call = _step_call(flow_cls, spec, store, node, func, parents)
+    ctx.flow, call, ctx.inputs = _step_call(flow_cls, spec, store, node, func, parents)
     call = hooks.decorate(call)
     _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
     ctx.manifest = manifest = spec.manifest_head(started)  # hooks see it as a dict (Manifest's item access)
@@ -134,8 +134,8 @@ def _set_current(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, gra
 
 
 def _step_call(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, node: Any, func: Any,
-               parents: list[dict]) -> tuple[FlowSpec, Any]:
-    """The FlowSpec instance the step runs on (its inputs loaded lazily) and the step's call."""
+               parents: list[dict]) -> tuple[FlowSpec, Any, Inputs | None]:
+    """The FlowSpec instance the step runs on (its inputs loaded lazily), the step's call and a join's inputs."""
     def loader_of(m: dict | None) -> Any:  # a parent's artifacts are named by its task in a refusal
         where = f"{m['flow']}/{m['run_id']}/{m['step']}/{m['task_id']}" if m else None
         return lambda desc, name: load_artifact(store, desc, name=name, pathspec=where)
@@ -147,11 +147,12 @@ def _step_call(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, node:
                                foreach=_frames(frames_from_json(m.get("foreach_stack")), store))
                  for m in parents]
         flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=True)
-        return flow, lambda: func(flow, Inputs(views))
+        inputs = Inputs(views)
+        return flow, lambda: func(flow, inputs), inputs
     inherited = dict(parents[0]["artifacts"]) if parents else {}
     inherited.update(spec.run_inputs)
     flow = flow_cls._task_instance(inherited, loader, spec.step, _frames(spec.foreach, store), is_join=False)
-    return flow, lambda: func(flow)
+    return flow, lambda: func(flow), None
 
 
 def _run_step(ctx: TaskContext, hooks: TaskHooks, manifest: Manifest, call: Any, graph: FlowGraph) -> int:
@@ -322,7 +323,7 @@ def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str
     with open(spec_path) as f:
         spec = TaskSpec.from_json(f.read())
     apply_with(flow_cls, spec.with_decorators)
-    bind_task_configs(flow_cls, spec)  # config values in decorators, as the run bound them
+    bind_task_configs(flow_cls, spec)  # config values in decorators and the mutators, as in the run
     return run_task(flow_cls, spec)
 
 
