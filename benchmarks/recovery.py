@@ -165,7 +165,7 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
             cluster.kill_node(node)  # type: ignore[attr-defined]
             if wait > 0:
                 blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(cluster.nodes) - 1}",  # type: ignore
-                                          "-p", cluster.partition, "--wrap", f"sleep {int(wait)}"],  # type: ignore
+                                          "-p", cluster.partition, "--output=/dev/null", "--wrap", f"sleep {int(wait)}"],  # type: ignore
                                          env={**os.environ, **cluster.env}, capture_output=True, text=True,  # type: ignore
                                          check=True).stdout.strip()
         else:

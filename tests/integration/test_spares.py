@@ -178,3 +178,26 @@ def test_a_straggler_is_evicted_at_a_checkpoint(setup):
     weights = final_weights(ckpt)
     for key in reference:
         assert torch.equal(weights[key], reference[key]), key
+
+
+def test_a_node_whose_own_worker_is_killed_leaves_for_the_spare(setup):
+    """Node 1's trainer process alone gets SIGKILL (as the kernel's out-of-memory killer does): its agent lives,
+    sees its own worker killed, says so and leaves; the spare takes its place."""
+    tmp, data, env, reference = setup
+    ckpt = tmp / "ckpt-oom"
+    run = Run(tmp, data, ckpt, env)
+    pid = int(run.wait_for(r"spares_flow: node 1 member \d+ pid (\d+) attempt 0").group(1))
+    run.wait_for(r"checkpoint step_000000(1[2-9]|[2-9]\d) committed")
+    workers = [p for p in psutil.Process(pid).children(recursive=True)
+               if "stoker.train" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())]
+    assert len(workers) == 1, workers
+    workers[0].send_signal(signal.SIGKILL)
+    assert run.finish() == 0, run.text
+    out = run.text
+    assert "node 1 (member 1): its workers were killed by signal 9 (SIGKILL: out of memory?); it leaves" in out, out
+    assert re.search(r"node 1 \(member 1, host .*\) left: its workers were killed by signal 9 .*; spare member 2 "
+                     r"takes its place in generation 1", out), out
+    assert "retry 1 of" not in out and "nodes ran on members [0, 2]" in out, out
+    weights = final_weights(ckpt)
+    for key in reference:
+        assert torch.equal(weights[key], reference[key]), key

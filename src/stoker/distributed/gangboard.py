@@ -18,6 +18,7 @@ The objects, under the gang's attempt (`runs/<flow>/<run>/<step>/<node 0's task>
     started-000001.json when generation 1's first training step was done (its recovery time ends there)
     evict-000001.json   generation 1's trainer asks for its straggler node to be swapped for a spare
     failed-000001-2.json  member 2's torchrun of generation 1 failed (a peer left): less silence proves a loss
+    fault-2.json        member 2 left: its own workers were killed by SIGKILL or SIGBUS (a node fault)
     end.json            the gang is over (`done` or `stopped`): waiting spares exit
 """
 
@@ -143,6 +144,17 @@ class GangBoard:
         """Member `member`'s torchrun of generation `gen` failed (a peer left its collectives, most likely): the
         driver then needs less silence to call the silent node lost."""
         self._write(f"failed-{gen:06d}-{member}.json", {"member": member, "gen": gen, "at": time.time()})
+
+    def report_fault(self, member: int, gen: int, why: str) -> None:
+        """Member `member` leaves generation `gen`: its own workers died of a node fault (`why`)."""
+        self._write(f"fault-{member}.json", {"member": member, "gen": gen, "why": why, "at": time.time()})
+
+    def fault(self, member: int) -> dict[str, Any] | None:
+        data = self._read(f"fault-{member}.json")
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            return None
 
     def failures(self, gen: int) -> dict[int, float]:
         """member -> when it reported its torchrun of generation `gen` failed."""

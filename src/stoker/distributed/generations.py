@@ -7,7 +7,9 @@ the address it announced), port = the base port + the generation's number. While
 place) torchrun and its workers are killed at once (their collectives lost a peer: nothing they do now counts) and
 the next generation starts, resuming from the last committed checkpoint as any restart of the same command does.
 
-When this node's torchrun fails by itself, it first waits (`wait_s`: twice the heartbeat timeout and 10 s) for the
+When this node's own workers were killed by SIGKILL or SIGBUS (out of memory, failing memory or device), the node is
+at fault: it says so (`fault-*.json`) and leaves, and the driver gives its slot to a spare. When this node's torchrun
+fails otherwise, it first waits (`wait_s`: twice the heartbeat timeout and 10 s) for the
 driver's word: a newer generation (the failure was a lost peer's) goes on; none means the failure is the gang's own
 and it is raised as without spares. A deterministic error (exit 78) or a preemption is raised at once. A member the
 driver replaced (it was silent, e.g. stopped, and came back) finds itself in no slot and exits without writing
@@ -30,6 +32,10 @@ from stoker.errors import ConfigError, Preempted, StokerError
 from stoker.flow.current import ParallelInfo, current
 
 EXIT_REPLACED = 3  # a member whose slot was given to a spare: it leaves, and writes nothing of the task
+# a worker of this node killed by one of these is the node's fault (the kernel's out-of-memory killer, a bus error of
+# failing memory or device): the node leaves its gang and a spare takes its place; an error of the code (an
+# exception, an abort) is the gang's own and ends it as without spares
+NODE_FAULT_SIGNALS = {9: "SIGKILL: out of memory?", 7: "SIGBUS: failing memory or device?"}
 
 
 class GenerationCut(StokerError):
@@ -123,6 +129,18 @@ class GangLink:
             time.sleep(self.poll_s)
         return None
 
+    def fault(self, gen: Generation, why: str) -> None:
+        """This node's own workers died of an infrastructure signal: say why, and leave for a spare to take the slot
+        (the driver sees a member that ended without a word of its task: lost)."""
+        print(f"stoker: node {gen.slot_of(self.member)} (member {self.member}): {why}; it leaves its gang for a spare",
+              file=sys.stderr, flush=True)
+        try:
+            self.board.report_fault(self.member, gen.gen, why)
+        except Exception:  # noqa: BLE001 - the driver still sees it go
+            pass
+        sys.stdout.flush()
+        os._exit(EXIT_REPLACED)
+
     def leave(self, gen: Generation) -> None:
         """This member's slot went to a spare: stop now, writing nothing of the task (the spare writes it)."""
         print(f"stoker: member {self.member} was replaced in generation {gen.gen} of its gang; it stops",
@@ -206,6 +224,8 @@ def run_generations(helper: Any, link: GangLink, command: Callable[[], list[str]
         except (ConfigError, Preempted):
             raise
         except StokerError as e:
+            if killed := sorted(c for c in helper.worker_codes if -c in NODE_FAULT_SIGNALS):
+                link.fault(gen, f"its workers were killed by signal {-killed[0]} ({NODE_FAULT_SIGNALS[-killed[0]]})")
             try:
                 link.board.report_failure(link.member, gen.gen)
             except Exception:  # noqa: BLE001 - the driver then waits for the heartbeat's full timeout

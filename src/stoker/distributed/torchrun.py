@@ -162,6 +162,7 @@ class TorchrunHelper:
     stage_flags: list[str] | dict[str, str] | None = None  # @torchrun(stage=...): inputs to copy to the node
     staged: list[Any] = field(default_factory=list)  # what was staged on this node (distributed.stage.Staged)
     gang: Any = None  # a gang with spares: its GangLink (distributed/generations.py), else None
+    worker_codes: set[int] = field(default_factory=set)  # the exit codes of this node's workers' last failure
 
     @classmethod
     def from_settings(cls, attrs: Mapping[str, Any], par: ParallelInfo, resources: Mapping[str, Any],
@@ -394,6 +395,7 @@ class TorchrunHelper:
             shutil.rmtree(status_dir, ignore_errors=True)
             raise GenerationCut(f"{what} on node {self.node_rank} ended for the gang's next generation")
         report.finish(rc != 0 and preempted(status_dir), self.node_rank, succeeded=rc == 0)  # no tracebacks then
+        self.worker_codes = report.codes
         try:
             if rc != 0:
                 exitstatus.raise_for_statuses(status_dir, StokerError(

@@ -46,6 +46,7 @@ class TorchrunStderr:
     def __init__(self, pipe: IO[bytes], out: IO[str] | None = None) -> None:
         self.pipe, self.out = pipe, out if out is not None else sys.stderr
         self.held: list[str] = []
+        self.codes: set[int] = set()  # the exit codes torchrun's report named (finish)
         self.thread = threading.Thread(target=self._pump, name="torchrun-stderr", daemon=True)
         self.thread.start()
 
@@ -73,6 +74,7 @@ class TorchrunStderr:
         (torchrun exited 0): an exit barrier's error is not shown."""
         self.thread.join(timeout=30)
         held, self.held = self.held, []
+        self.codes = {int(c) for c in _EXIT_CODES.findall("".join(held))}  # this node's workers' exit codes
         if succeeded and held and _EXIT_BARRIER.search(held[0]):
             return  # every worker of the gang succeeded: the launchers' goodbye failed, which changes nothing
         codes = {int(c) for c in _EXIT_CODES.findall("".join(held))}

@@ -128,6 +128,8 @@ class Spares:
               now: float) -> tuple[str, float, str] | None:
         """(why, when, host) when the member running task `t` is lost, else None."""
         s = status.member(t.member)
+        if s.state == EXITED and (fault := g.board.fault(t.member)):
+            return f"left: {fault.get('why')}", float(fault.get("at") or now), (s.hosts or ["?"])[0]
         if s.state == EXITED and (s.exit_code is None or s.exit_code < 0 or s.exit_code == EXIT_REPLACED):
             how = f"killed by signal {-s.exit_code}" if s.exit_code and s.exit_code < 0 else "gone"
             return f"lost: its process was {how}", now, (s.hosts or ["?"])[0]
