@@ -40,6 +40,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -164,9 +165,10 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
             killed = time.time()
             cluster.kill_node(node)  # type: ignore[attr-defined]
             if wait > 0:
-                blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(cluster.nodes) - 1}",  # type: ignore
-                                          "-p", cluster.partition, "--output=/dev/null", "--wrap", f"sleep {int(wait)}"],  # type: ignore
-                                         env={**os.environ, **cluster.env}, capture_output=True, text=True,  # type: ignore
+                c: Any = cluster
+                blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(c.nodes) - 1}", "-p", c.partition,
+                                          "--output=/dev/null", "--wrap", f"sleep {int(wait)}"],
+                                         env={**os.environ, **c.env}, capture_output=True, text=True,
                                          check=True).stdout.strip()
         else:
             killed = time.time()
