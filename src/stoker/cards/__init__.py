@@ -17,13 +17,14 @@
 
 Cards are stored as JSON and as a self-contained HTML page (`stoker.cards.store`); `stoker card view` opens one and
 `stoker report` puts a whole run, its charts and its cards in one offline HTML file. `get_cards(task)` reads a
-task's cards back.
+task's cards back. A card type of your own is a `MetaflowCard` subclass (stoker.cards.card).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from stoker.cards.card import MetaflowCard, register_card
 from stoker.cards.components import (
     Artifact,
     Error,
@@ -36,8 +37,8 @@ from stoker.cards.components import (
     VegaChart,
 )
 
-__all__ = ["Artifact", "Error", "Image", "Markdown", "MetaflowCardComponent", "ProgressBar", "Table",
-           "UserComponent", "VegaChart", "Card", "get_cards"]
+__all__ = ["Artifact", "Error", "Image", "Markdown", "MetaflowCard", "MetaflowCardComponent", "ProgressBar", "Table",
+           "UserComponent", "VegaChart", "Card", "get_cards", "register_card"]
 
 
 class Card:

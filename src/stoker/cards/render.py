@@ -36,6 +36,7 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 .ok{color:#1e7b34}.failed{color:#b3261e}.running{color:#a15c00}
 figure{margin:0}figcaption{color:#5b6474;font-size:12px}
 img.card-image{max-width:100%}
+iframe.custom-card{width:100%;min-height:480px;border:1px solid #e3e6eb;border-radius:6px;background:#fff}
 details summary{cursor:pointer;color:#5b6474;font-size:12px}
 """
 
@@ -121,7 +122,10 @@ def card_body_html(card: dict[str, Any], heading: bool = True) -> str:
                      f"</header>")
     for comp in card.get("components") or []:
         parts.append(f'<section class="component">{component_html(comp)}</section>')
-    if not card.get("components"):
+    if card.get("custom"):  # a custom card type's own HTML, in a sandbox: its scripts never run here
+        parts.append(f'<iframe class="custom-card" sandbox="" title="{_e(card.get("type"))}" '
+                     f'srcdoc="{_e(card.get("html") or "")}"></iframe>')
+    elif not card.get("components"):
         parts.append('<p class="meta">This card has no components.</p>')
     return "\n".join(parts)
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from stoker.cards.card import BUILTIN_TYPES, get_card_class
 from stoker.cards.components import render_component
 from stoker.cards.render import render_card_html
 from stoker.cards.store import cards_prefix, check_card_id, write_card
@@ -46,6 +47,21 @@ class _Card:
         self.timer: threading.Timer | None = None
         self.closed = False
         self.started = time.time()
+        # Metaflow's semantics: a custom type's class says whether components may be appended and whether it
+        # renders while the step runs; the built-in types allow both
+        self.custom = self.type not in BUILTIN_TYPES
+        self.cls = get_card_class(self.type) if self.custom else None
+        self.editable = not self.custom or bool(self.cls is not None and self.cls.ALLOW_USER_COMPONENTS)
+        self.runtime_card = not self.custom or bool(self.cls is not None and self.cls.RUNTIME_UPDATABLE)
+        self.customize = str(attrs.get("customize")) == "True"  # as Metaflow reads it (decospecs give strings)
+        self.save_errors = str(attrs.get("save_errors", True)) != "False"
+        self.timeout = attrs.get("timeout")
+        self.user_data: Any = None
+        self.render_seq = 0
+        self.owner: TaskCards | None = None
+        if self.custom and self.cls is None:
+            print(f"@card warning: no card type {self.type!r} (stoker has 'default', 'blank' and the custom types "
+                  f"found: {sorted(_custom_types())}); card {card_id!r} will be an error card", flush=True)
 
     def data(self, final: bool = False, extra: Callable[[], dict[str, list]] | None = None) -> dict[str, Any]:
         """The card's JSON: header, the user's components and, for a default card, the task's information."""
@@ -56,6 +72,63 @@ class _Card:
         title = self.options.get("title") or (self.user_id or f"{self.pathspec.split('/')[2]}")
         return {"id": self.id, "type": self.type, "title": str(title), "updated": time.time(), "final": final,
                 "pathspec": self.pathspec, "attempt": self.attempt, "components": comps}
+
+    def runtime_data(self, mode: str, final: bool) -> dict[str, Any]:
+        """Metaflow's `_get_latest_data`: what render_runtime/refresh get and `runtime_data` holds in render."""
+        comps = {}
+        for c in list(self.components):
+            if getattr(c, "REALTIME_UPDATABLE", False):
+                try:
+                    comps[c.component_id or render_component(c).get("id")] = render_component(c)
+                except Exception:  # noqa: BLE001, S112 - Metaflow drops a component that cannot render
+                    continue
+        return {"user": self.user_data or {}, "components": comps, "render_seq": "final" if final else
+                self.render_seq, "component_update_ts": self.started, "mode": mode}
+
+    def custom_payload(self, mode: str, final: bool) -> tuple[dict[str, Any], str] | None:
+        """A custom card's JSON and HTML (its render, or Metaflow's error card), or None: nothing to store."""
+        from stoker.cards.custom import CardTask, error_card, metaflow_components, render_custom
+
+        owner = self.owner
+        task = CardTask(self.pathspec, self.attempt, self.store, owner.artifacts if final and owner else None,
+                        finished=final, successful=final)
+        comps = metaflow_components([render_component(c) for c in list(self.components)])
+        out = render_custom(self.type, self.cls, mode, task, self.runtime_data(mode, final), self.options or None,
+                            comps, owner.graph() if owner else None, owner.flow if owner else None,
+                            self.timeout, self.save_errors)
+        if out.problem:
+            print(f"@card {self.id}: Card render failed with error : \n\n {out.problem}", flush=True)
+        if out.error is not None:
+            data = error_card(self.id, self.type, self.pathspec, self.attempt, out.error)
+            return data, render_card_html(data)
+        if out.html is None:
+            return None
+        update = None
+        if self.runtime_card and self.cls is not None:
+            upd = render_custom(self.type, self.cls, "refresh", task, self.runtime_data("refresh", final),
+                                self.options or None, [], owner.graph() if owner else None,
+                                owner.flow if owner else None, self.timeout, self.save_errors)
+            update = upd.data_update
+        title = self.options.get("title") or self.user_id or self.type
+        return ({"id": self.id, "type": self.type, "title": str(title), "updated": time.time(), "final": final,
+                 "pathspec": self.pathspec, "attempt": self.attempt, "components": [], "custom": True,
+                 "html": out.html, "data_update": update}, out.html)
+
+    def write_custom(self, mode: str, final: bool) -> bool:
+        try:
+            payload = self.custom_payload(mode, final)
+        except Exception as e:  # noqa: BLE001 - a card must never fail the step
+            log.warning("@card %s: rendering the card failed (%s: %s)", self.id, type(e).__name__, e)
+            return False
+        if payload is None:
+            return False
+        try:
+            write_card(self.store, self.prefix, payload[0], payload[1])
+        except Exception as e:  # noqa: BLE001
+            log.warning("@card %s: writing the card failed (%s: %s)", self.id, type(e).__name__, e)
+            return False
+        self.last_write = time.time()
+        return True
 
     def write(self, data: dict[str, Any]) -> bool:
         try:
@@ -69,22 +142,29 @@ class _Card:
     def refresh(self, extra: Callable[[], dict[str, list]] | None = None, force: bool = False) -> None:
         """Write the card now, or, within `refresh_interval` of the last write, once the interval has passed."""
         with self.lock:
-            if self.closed:
+            if self.closed or not self.runtime_card:  # Metaflow ignores refreshes of other custom cards
                 return
             wait = self.last_write + self.refresh_interval - time.time()
             if force or wait <= 0:
                 self._cancel()
-                self.write(self.data(extra=extra))
+                self._write_live(extra)
             elif self.timer is None:
                 self.timer = threading.Timer(wait, self._deferred, args=(extra,))
                 self.timer.daemon = True
                 self.timer.start()
 
+    def _write_live(self, extra: Callable[[], dict[str, list]] | None) -> None:
+        if self.custom:
+            self.render_seq += 1
+            self.write_custom("render_runtime", final=False)
+        else:
+            self.write(self.data(extra=extra))
+
     def _deferred(self, extra: Callable[[], dict[str, list]] | None) -> None:
         with self.lock:
             self.timer = None
             if not self.closed:
-                self.write(self.data(extra=extra))
+                self._write_live(extra)
 
     def _cancel(self) -> None:
         if self.timer is not None:
@@ -95,7 +175,45 @@ class _Card:
         with self.lock:
             self._cancel()
             self.closed = True
-            self.write(self.data(final=True, extra=extra))
+            if not self.custom:
+                self.write(self.data(final=True, extra=extra))
+            elif self.owner is not None and self.owner.succeeded():  # Metaflow renders them only then
+                self.write_custom("render", final=True)
+
+
+def _custom_types() -> list[str]:
+    from stoker.cards.card import card_types
+
+    return list(card_types())
+
+
+def _json_or_none(data: Any) -> Any:
+    import json
+
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        log.warning("current.card.refresh(data): the data is not JSON serializable; it is ignored")
+        print("@card warning: Data provided to `refresh` is not JSON serializable. It will be ignored.", flush=True)
+        return None
+    return data
+
+
+def _default_editable(cards: list[_Card], warn: Callable[[str], None]) -> _Card | None:
+    """The card `current.card.append` goes to, by Metaflow's rules (CardComponentCollector._finalize): the only
+    editable card; else the only editable card without an id; the one editable card with customize=True wins."""
+    editable = [c for c in cards if c.editable]
+    if len(editable) == 1:
+        return editable[0]
+    unnamed = [c for c in editable if c.user_id is None]
+    chosen = unnamed[0] if len(unnamed) == 1 else None
+    customized = [c for c in editable if c.customize]
+    if len(customized) > 1:
+        warn("Multiple @card decorators have `customize=True`. Only one @card per @step can have "
+             "`customize=True`. `current.card.append` will ignore all decorators marked `customize=True`.")
+    elif len(customized) == 1:
+        chosen = customized[0]
+    return chosen
 
 
 class CardComponents:
@@ -119,8 +237,10 @@ class CardComponents:
     def clear(self) -> None:
         self._target().clear()
 
-    def refresh(self, *args: Any, force: bool = False, **kwargs: Any) -> None:
+    def refresh(self, data: Any = None, force: bool = False) -> None:
+        """Write the card (rate-limited); `data` is what a custom card's render_runtime/refresh get as `user`."""
         if self._card is not None:
+            self._card.user_data = _json_or_none(data)
             self._card.refresh(self._owner._extra, force=force)
 
     @property
@@ -143,8 +263,7 @@ class CardCollector:
         self._cards = cards
         self._extra = extra
         self._warned: set[str] = set()
-        unnamed = [c for c in cards if c.user_id is None]
-        self._default = unnamed[0] if len(unnamed) == 1 else (cards[0] if len(cards) == 1 else None)
+        self._default = _default_editable(cards, self._warn)
 
     def _warn(self, why: str) -> None:
         if why not in self._warned:
@@ -156,6 +275,10 @@ class CardCollector:
         if self._default is None:
             if not self._cards:
                 self._warn("this step has no @card, so components are dropped; add @card above @step")
+            elif len(self._cards) == 1:
+                c = self._cards[0]
+                self._warn(f"Card of type `{c.type}` " + ("is not an editable card." if c.cls is not None
+                                                           else "doesn't exist.") + " Components are dropped.")
             else:
                 self._warn("this step has several @card decorators: use current.card['<id>'].append(...)")
         return CardComponents(self._default, self)
@@ -188,10 +311,17 @@ class CardCollector:
     def __contains__(self, card_id: str) -> bool:
         return any(c.user_id == card_id for c in self._cards)
 
-    def refresh(self, *args: Any, force: bool = False, **kwargs: Any) -> None:
-        """Write every card of the step now (at most once per its refresh_interval; force=True: now)."""
+    def refresh(self, data: Any = None, force: bool = False) -> None:
+        """Write every card of the step now (at most once per its refresh_interval; force=True: now); `data`
+        goes to the default editable card (a custom runtime card's `data["user"]`)."""
+        if self._default is not None:
+            self._default.user_data = _json_or_none(data)
         for c in self._cards:
             c.refresh(self._extra, force=force)
+
+    def get(self, type: str | None = None) -> list[CardComponents]:  # noqa: A002 - Metaflow's name
+        """The cards of this step of a type (Metaflow's `current.card.get(type=...)`)."""
+        return [CardComponents(c, self) for c in self._cards if c.type == type]
 
     def __repr__(self) -> str:
         return f"current.card({', '.join(c.id for c in self._cards) or 'no @card on this step'})"
@@ -200,8 +330,8 @@ class CardCollector:
 class TaskCards:
     """The cards of one task attempt, from before the step runs until its final write."""
 
-    def __init__(self, func: Any, spec: Any, store: BlobStore) -> None:
-        self.func, self.spec, self.store = func, spec, store
+    def __init__(self, func: Any, spec: Any, store: BlobStore, flow: Any = None) -> None:
+        self.func, self.spec, self.store, self.flow = func, spec, store, flow
         self.pathspec = f"{spec.flow}/{spec.run_id}/{spec.step}/{spec.task_id}"
         self.prefix = cards_prefix(spec.flow, spec.run_id, spec.step, spec.task_id, spec.attempt)
         self.started = time.time()
@@ -223,7 +353,22 @@ class TaskCards:
                 log.warning("@card: %s", e)
                 continue
             self.cards.append(_Card(a, cid, store, self.prefix, self.pathspec, spec.attempt))
+            self.cards[-1].owner = self
         self.collector = CardCollector(self.cards, self._extra)
+
+    def graph(self) -> dict[str, Any] | None:
+        """Metaflow's graph_info of the flow ({"steps", "start_step", "end_step"}), for custom cards."""
+        from stoker.flow.current import current
+
+        try:
+            g = current.graph
+        except Exception:  # noqa: BLE001
+            return None
+        return {k: g.get(k) for k in ("steps", "start_step", "end_step")}
+
+    def succeeded(self) -> bool:
+        m = self.manifest or {}
+        return m.get("status", "failed" if m.get("exception") else "ok") == "ok"
 
     def _extra(self) -> dict[str, list]:
         from stoker.cards.default_card import default_card_parts
@@ -240,10 +385,10 @@ class TaskCards:
                 log.warning("@card %s: the final card failed (%s: %s)", c.id, type(e).__name__, e)
 
 
-def start_task_cards(func: Any, spec: Any, store: BlobStore) -> TaskCards:
+def start_task_cards(func: Any, spec: Any, store: BlobStore, flow: Any = None) -> TaskCards:
     """Before the step: set `current.card` for it. Call `.finish(artifacts, manifest)` after it (even on failure)."""
     from stoker.flow.current import current
 
-    tc = TaskCards(func, spec, store)
+    tc = TaskCards(func, spec, store, flow)
     current._set(card=tc.collector)
     return tc

@@ -105,7 +105,7 @@ def test_a_step_without_card_drops_components_without_failing(tmp_path, capsys):
     assert "no @card" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kwargs, message", [({"type": "fancy"}, "card types 'default' and 'blank'"),
+@pytest.mark.parametrize("kwargs, message", [({"type": "fancy-type"}, "letters, digits and '_'"),
                                              ({"id": "a b"}, "letters, digits"),
                                              ({"refresh_interval": -1}, "at least 0"),
                                              ({"colour": 1}, "has no argument colour")])
