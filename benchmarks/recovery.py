@@ -60,6 +60,7 @@ class Result:
     wall_s: float
     ok: bool
     note: str = ""
+    decided_s: float | None = None  # the kill to the driver's decision: a spare posted, or the gang's retry
 
 
 def tokens(folder: Path) -> Path:
@@ -72,13 +73,18 @@ def tokens(folder: Path) -> Path:
 
 class Lines:
     def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.lines = proc, []
+        self.proc, self.lines, self.at = proc, [], []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:  # type: ignore[union-attr]
             self.lines.append(line.rstrip("\n"))
+            self.at.append(time.time())
+
+    def first(self, text: str, after: float) -> float | None:
+        """When the first line holding `text` arrived after `after` (the driver's own lines come at once)."""
+        return next((t for t, ln in zip(self.at, self.lines, strict=False) if t > after and text in ln), None)
 
     def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
         deadline = time.time() + timeout
@@ -186,12 +192,14 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
         if node:
             cluster.revive_node(node)  # type: ignore[attr-defined]
     first = first_step_after(out / "metrics.jsonl", killed)
+    decided = lines.first("takes its place" if how == "spare" else "retry 1 of", killed)
     text = "\n".join(lines.lines)
     note = "the spare took its place" if "takes its place" in text else "whole-gang retry" if "retry 1 of" in text \
         else "?"
     if code != 0:
         print(text[-4000:], file=sys.stderr)
-    return Result(backend, wait, how, None if first is None else first - killed, time.time() - t0, code == 0, note)
+    return Result(backend, wait, how, None if first is None else first - killed, time.time() - t0, code == 0, note,
+                  None if decided is None else decided - killed)
 
 
 @contextlib.contextmanager
@@ -233,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Slurm rows skipped: {e}", file=sys.stderr)
     if a.json:
         print(json.dumps([asdict(r) for r in results], indent=1))
-    print(f"\n{'backend':8} {'queue wait':>10} {'spare':>9} {'retry':>9} {'ratio':>7}  goal")
+    print(f"\n{'backend':8} {'queue wait':>10} {'spare':>9} {'retry':>9} {'ratio':>7}  goal  "
+          f"(the kill to the driver's decision: spare / retry)")
     for backend in ("local", "slurm"):
         for wait in sorted({r.queue_wait_s for r in results if r.backend == backend}):
             by = {r.how: r for r in results if r.backend == backend and r.queue_wait_s == wait}
@@ -243,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ratio = r.recovery_s / s.recovery_s
             goal = f">= {GOAL:.0f}x {'met' if ratio >= GOAL else 'NOT met'}" if backend == "slurm" else ""
-            print(f"{backend:8} {wait:>9.0f}s {s.recovery_s:>8.1f}s {r.recovery_s:>8.1f}s {ratio:>6.1f}x  {goal}")
+            dec = "/".join("?" if x.decided_s is None else f"{x.decided_s:.1f}s" for x in (s, r))
+            print(f"{backend:8} {wait:>9.0f}s {s.recovery_s:>8.1f}s {r.recovery_s:>8.1f}s {ratio:>6.1f}x  {goal}  "
+                  f"({dec})")
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -31,6 +31,13 @@ from stoker.flow.configs import config_expr
 from stoker.flow.current import current
 from stoker.flow.parameters import Config, IncludeFile, JSONType, Parameter
 from stoker.flow.spec import FlowSpec, MergeArtifactsError
+from stoker.flow.user_decorators import (
+    USER_SKIP_STEP,
+    FlowMutator,
+    StepMutator,
+    UserStepDecorator,
+    user_step_decorator,
+)
 
 __version__ = "0.1.0"
 
@@ -63,5 +70,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
            "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm",
-           "batch", "project", "secrets", "get_secret", "config_expr", "MergeArtifactsError", "Runner", "NBRunner",
+           "batch", "project", "secrets", "get_secret", "config_expr", "MergeArtifactsError",
+           "UserStepDecorator", "user_step_decorator", "StepMutator", "FlowMutator", "USER_SKIP_STEP", "Runner",
+           "NBRunner",
            *sorted(_CLIENT)]

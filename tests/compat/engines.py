@@ -22,11 +22,21 @@ ENGINES = ("metaflow", "stoker")
 _MARK = "@@COMPAT-RESULT@@"
 
 
+_IMPORTS = (("from metaflow import ", "from stoker import "),
+            ("from metaflow.cards import ", "from stoker.cards import "))
+
+
 def to_stoker(source: str) -> str:
-    """The stoker copy of a Metaflow source: `from metaflow import` lines changed, nothing else."""
-    return "".join("from stoker import " + ln[len("from metaflow import "):]
-                   if ln.startswith("from metaflow import ") else ln
-                   for ln in source.splitlines(keepends=True))
+    """The stoker copy of a Metaflow source: `from metaflow import` (and `from metaflow.cards import`) lines
+    changed, nothing else."""
+    out = []
+    for ln in source.splitlines(keepends=True):
+        for mf, st in _IMPORTS:
+            if ln.startswith(mf):
+                ln = st + ln[len(mf):]
+                break
+        out.append(ln)
+    return "".join(out)
 
 
 @dataclass
@@ -90,7 +100,8 @@ def run_flow(engine: Engine, flow: str, folder: Path, *args: str, top: tuple[str
     """Copy tests/flows/metaflow/<flow> (and `files`) into `folder` for `engine`, run it as a user would."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / flow).write_text(engine.source((FLOWS / flow).read_text()))
-    for name, text in (files or {}).items():
+    for name, text in (files or {}).items():  # a name may have folders (a package beside the flow)
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(engine.source(text))
     home = home or folder / "home"
     proc = subprocess.run([engine.python, flow, *top, command, *args], cwd=folder, capture_output=True, text=True,

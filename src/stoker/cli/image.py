@@ -30,6 +30,7 @@ def load_flow_class(path: str) -> type:
     """The FlowSpec class of a flow file, loaded as `python flow.py` loads it (run as __main__, its folder first
     on sys.path), except that the `MyFlow()` call hands the class back instead of starting the flow's CLI."""
     from stoker.flow import spec as flow_spec
+    from stoker.flow.user_decorators import flow_class_of
 
     file = Path(path)
     if not file.is_file():
@@ -51,8 +52,9 @@ def load_flow_class(path: str) -> type:
     finally:
         sys.argv = argv
         sys.path[:] = sys_path
-    classes = [v for v in namespace.values() if isinstance(v, type) and issubclass(v, flow_spec.FlowSpec)
-               and v is not flow_spec.FlowSpec and v.__module__ == "__main__"]
+    found = (flow_class_of(v) for v in namespace.values())  # a bare `@MyFlowMutator` left its object in place
+    classes = list(dict.fromkeys(v for v in found if v is not None and issubclass(v, flow_spec.FlowSpec)
+                                 and v is not flow_spec.FlowSpec and v.__module__ == "__main__"))
     if len(classes) != 1:
         raise ConfigError(f"flow file {path} defines {len(classes)} FlowSpec classes and never calls one: end it "
                           f"with `if __name__ == '__main__': MyFlow()`")

@@ -15,6 +15,7 @@ from stoker.features.retry import retry
 from stoker.features.secrets import get_secret, secrets
 from stoker.features.timeout import timeout
 from stoker.features.torchrun import torchrun
+from stoker.features.user_wrappers import UserWrappers  # noqa: F401  (runs user step decorators in every task)
 from stoker.flow.decorators import parallel, step
 
 __all__ = ["card", "catch", "environment", "get_secret", "monitor", "neuron_monitor", "parallel", "project",

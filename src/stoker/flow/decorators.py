@@ -41,6 +41,7 @@ class TaskContext:
     manifest: Any = field(default_factory=dict)  # a store.manifest.Manifest in a task (read and set like a dict)
     last_attempt: bool = False
     state: dict[str, Any] = field(default_factory=dict)
+    inputs: Any = None  # a join's `inputs` (None in other steps)
 
 
 class StepDecorator:
@@ -199,7 +200,13 @@ class FlowDecorator(StepDecorator):
 
         decorator.__doc__ = cls.__doc__
         decorator.__name__ = cls.name
+        decorator.__wrapped__ = cls  # what a FlowMutator's add_decorator(project, ...) adds
+        FLOW_DECORATORS[cls.name] = cls
         return decorator
+
+
+# name -> class of the flow decorators (`@project`): what a FlowMutator can add by name ("project:name=x")
+FLOW_DECORATORS: dict[str, type[FlowDecorator]] = {}
 
 
 def get_flow_decorator(flow_cls: type, name: str) -> FlowDecorator | None:
@@ -231,6 +238,8 @@ def step(func: Callable) -> Callable:
         return func
     func.is_step = True
     func.decorators = list(getattr(func, "decorators", []))
+    func.wrappers = []  # UserStepDecorators (flow/user_decorators.py), as Metaflow's step functions keep them
+    func.config_decorators = []  # StepMutators
     func.decorator_errors = list(getattr(func, "decorator_errors", []))
     pending = getattr(func, "_pending_decorators", [])
     for d in pending:

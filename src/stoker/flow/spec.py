@@ -16,6 +16,7 @@ from typing import Any
 from stoker.errors import StokerError
 from stoker.flow.frames import ForeachFrame
 from stoker.flow.parameters import Config, Parameter
+from stoker.flow.user_decorators import unwrap_step_attributes
 
 # What `MyFlow()` at the bottom of a flow file does with its class: the innermost `flow_entry(...)` of this
 # process (a remote node runs the task; `stoker image` takes the class), else the command line that
@@ -133,6 +134,10 @@ class Inputs:
 
 class FlowSpec:
     """Base class of flows. `MyFlow()` at the bottom of a flow file runs its command line."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unwrap_step_attributes(cls)  # a bare `@MyUserDecorator` above `@step` leaves its object in the class
 
     def __init__(self, use_cli: bool = True) -> None:
         if use_cli:

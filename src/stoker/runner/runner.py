@@ -56,6 +56,7 @@ def _stoker_root() -> str:
 def flow_class_from_file(flow_file: str) -> type:
     """The FlowSpec subclass defined in `flow_file` (imported as Metaflow's Runner does, without running it)."""
     from stoker.flow.spec import FlowSpec
+    from stoker.flow.user_decorators import flow_class_of
 
     if not os.path.exists(flow_file):
         raise FileNotFoundError(f"Flow file not present at '{flow_file}'")
@@ -68,8 +69,9 @@ def flow_class_from_file(flow_file: str) -> type:
         spec = importlib.util.spec_from_file_location(name, flow_file)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-        found = [k for _, k in inspect.getmembers(module, inspect.isclass)
-                 if k is not FlowSpec and issubclass(k, FlowSpec) and k.__module__ == name]
+        found = [k for _, v in inspect.getmembers(module) if (k := flow_class_of(v)) is not None
+                 and k is not FlowSpec and issubclass(k, FlowSpec) and k.__module__ == name]  # a bare @FlowMutator
+        found = list(dict.fromkeys(found))
         if not found:
             raise ConfigError(f"No FlowSpec class found in {flow_file}")
         if len(found) > 1:
