@@ -16,9 +16,10 @@ Recovery = the loss to the first training step after it: the first record rank 0
 `time`, written by the trainer itself; all nodes share this host's clock) after the kill for a step that had been
 logged before it (the restarted training redoes the steps since its checkpoint).
 
-Queue wait (Slurm only, `--queue-wait W`): right after the kill, a job asking for every node still up for W seconds
-is submitted (`sbatch --wrap "sleep W"`). A gang with a spare keeps its allocation, so that job waits until the run is
-over; the whole-gang retry queues behind it, as on a busy cluster. The ratio grows with W.
+Queue wait (Slurm only, `--queue-wait W`): right after the kill the partition is set DOWN for W seconds (`scontrol
+update PartitionName=debug State=DOWN`: jobs are queued, nothing new is allocated, running jobs go on), as a busy
+queue would hold a new job. A gang with a spare keeps its allocation and never notices; the whole-gang retry waits in
+the queue. The ratio grows with W.
 
 Goal (issue 26): the spare recovers at least 5x faster on the local Slurm cluster. The exit status is non-zero when
 a run fails.
@@ -131,6 +132,12 @@ def kill_tree(pid: int) -> None:
         p.send_signal(signal.SIGKILL)
 
 
+def partition_state(cluster: Any, state: str) -> None:
+    """DOWN: the partition queues jobs but allocates nothing (running jobs go on); UP again."""
+    subprocess.run(["scontrol", "update", f"PartitionName={cluster.partition}", f"State={state}"],
+                   env={**os.environ, **cluster.env}, check=True, capture_output=True)
+
+
 def slurm_node_of(job: str, member: int) -> str:
     for d in Path("/proc").iterdir():
         try:
@@ -170,12 +177,10 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
                 lines.wait_for(r"spares_flow: node 1 member (\d+)").group(1)))
             killed = time.time()
             cluster.kill_node(node)  # type: ignore[attr-defined]
-            if wait > 0:
-                c: Any = cluster
-                blocker = subprocess.run(["sbatch", "--parsable", f"--nodes={len(c.nodes) - 1}", "-p", c.partition,
-                                          "--output=/dev/null", "--wrap", f"sleep {int(wait)}"],
-                                         env={**os.environ, **c.env}, capture_output=True, text=True,
-                                         check=True).stdout.strip()
+            if wait > 0:  # the partition takes no new allocation for `wait` seconds: a busy queue
+                blocker = threading.Timer(wait, partition_state, args=(cluster, "UP"))
+                partition_state(cluster, "DOWN")
+                blocker.start()
         else:
             killed = time.time()
             kill_tree(pid)
@@ -188,7 +193,8 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
             proc.kill()
         lines.thread.join(timeout=5)
         if blocker:
-            subprocess.run(["scancel", blocker], env={**os.environ, **cluster.env}, check=False)  # type: ignore
+            blocker.cancel()
+            partition_state(cluster, "UP")
         if node:
             cluster.revive_node(node)  # type: ignore[attr-defined]
     first = first_step_after(out / "metrics.jsonl", killed)
