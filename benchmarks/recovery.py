@@ -31,8 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,11 +41,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
-FLOW = REPO / "tests" / "flows" / "spares_flow.py"
 SRC = REPO / "src"
+sys.path.insert(0, str(REPO))  # the flow and its helpers are the hot-spare tests' (tests/spares_support.py)
+from tests.spares_support import FLOW, committed, kill_tree, slurm_node_of, spares_run, tokens  # noqa: E402
+
 STEPS = 80
 GOAL = 5.0
 
@@ -62,48 +60,6 @@ class Result:
     ok: bool
     note: str = ""
     decided_s: float | None = None  # the kill to the driver's decision: a spare posted, or the gang's retry
-
-
-def tokens(folder: Path) -> Path:
-    rng = np.random.default_rng(1)
-    base = rng.integers(0, 256, size=97)
-    path = folder / "tokens.bin"
-    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(path)
-    return path
-
-
-class Lines:
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.lines, self.at = proc, [], []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.append(line.rstrip("\n"))
-            self.at.append(time.time())
-
-    def first(self, text: str, after: float) -> float | None:
-        """When the first line holding `text` arrived after `after` (the driver's own lines come at once)."""
-        return next((t for t, ln in zip(self.at, self.lines, strict=False) if t > after and text in ln), None)
-
-    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for ln in list(self.lines):
-                if m := re.search(pattern, ln):
-                    return m
-            if self.proc.poll() is not None and not self.thread.is_alive():
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"no {pattern!r} in the run's output:\n" + "\n".join(self.lines[-40:]))
-
-
-def committed(ckpt: Path) -> int:
-    try:
-        return int((ckpt / "latest").read_text().strip().rsplit("_", 1)[1])
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 def logged(metrics: Path) -> list[dict]:
@@ -122,31 +78,10 @@ def first_step_after(metrics: Path, t: float) -> float | None:
     return next((float(r["time"]) for r in records if float(r.get("time", 0)) > t and int(r["step"]) <= before), None)
 
 
-def kill_tree(pid: int) -> None:
-    import psutil
-
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for p in procs:
-        p.send_signal(signal.SIGSTOP)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-
-
 def partition_state(cluster: Any, state: str) -> None:
     """DOWN: the partition queues jobs but allocates nothing (running jobs go on); UP again."""
     subprocess.run(["scontrol", "update", f"PartitionName={cluster.partition}", f"State={state}"],
                    env={**os.environ, **cluster.env}, check=True, capture_output=True)
-
-
-def slurm_node_of(job: str, member: int) -> str:
-    for d in Path("/proc").iterdir():
-        try:
-            env = dict(v.split("=", 1) for v in (d / "environ").read_bytes().decode().split("\0") if "=" in v)
-        except (OSError, UnicodeDecodeError):
-            continue
-        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_NODEID") == str(member) and "SLURMD_NODENAME" in env:
-            return env["SLURMD_NODENAME"]
-    raise RuntimeError(f"no process of member {member} of Slurm job {job}")
 
 
 def one(root: Path, backend: str, how: str, wait: float, cluster: object | None, base_env: dict[str, str]) -> Result:
@@ -155,16 +90,13 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
     ckpt, out = folder / "ckpt", folder / "out"
     env = {**base_env, "STOKER_HOME": str(folder / "home"), "SPARES_FLOW_SPARES": "1" if how == "spare" else "0",
            "STOKER_STORE": "", "STOKER_SHARED_PATHS": f"{root}:{FLOW.parent}"}
-    args = [sys.executable, "-u", str(FLOW), "run", "--data", str(root / "tokens.bin"), "--steps", str(STEPS),
-            "--ckpt", str(ckpt), "--out", str(out)]
-    if backend == "slurm":
-        args += ["--backend", "slurm=train"]
+    extra = ["--out", str(out), *(["--backend", "slurm=train"] if backend == "slurm" else [])]
     t0 = time.time()
-    proc = subprocess.Popen(args, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = Lines(proc)
+    run = spares_run(folder, root / "tokens.bin", ckpt, *extra, steps=STEPS, env=env)
+    proc = run.proc
     blocker, node, killed = None, None, 0.0
     try:
-        pid = int(lines.wait_for(r"spares_flow: node 1 member \S+ pid (\d+) attempt 0").group(1))
+        pid = int(run.wait_for(r"spares_flow: node 1 member \S+ pid (\d+) attempt 0").group(1))
         deadline = time.time() + 300
         # a checkpoint past step 12, and two steps past it: the restart redoes steps already logged
         while time.time() < deadline and proc.poll() is None and not (
@@ -172,9 +104,9 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
                                                      default=0) >= c + 2):
             time.sleep(0.02)
         if backend == "slurm":
-            job = lines.wait_for(r"submitted to slurm as job (\d+)").group(1)
+            job = run.wait_for(r"submitted to slurm as job (\d+)").group(1)
             node = slurm_node_of(job, 1 if how == "retry" else int(
-                lines.wait_for(r"spares_flow: node 1 member (\d+)").group(1)))
+                run.wait_for(r"spares_flow: node 1 member (\d+)").group(1)))
             killed = time.time()
             cluster.kill_node(node)  # type: ignore[attr-defined]
             if wait > 0:  # the partition takes no new allocation for `wait` seconds: a busy queue
@@ -186,20 +118,20 @@ def one(root: Path, backend: str, how: str, wait: float, cluster: object | None,
             kill_tree(pid)
         code = proc.wait(timeout=600 + wait)
     except Exception:
-        print("\n".join(lines.lines[-60:]), file=sys.stderr)
+        print(run.text[-6000:], file=sys.stderr)
         raise
     finally:
         if proc.poll() is None:
             proc.kill()
-        lines.thread.join(timeout=5)
+        run.thread.join(timeout=5)
         if blocker:
             blocker.cancel()
             partition_state(cluster, "UP")
         if node:
             cluster.revive_node(node)  # type: ignore[attr-defined]
     first = first_step_after(out / "metrics.jsonl", killed)
-    decided = lines.first("takes its place" if how == "spare" else "retry 1 of", killed)
-    text = "\n".join(lines.lines)
+    decided = run.first("takes its place" if how == "spare" else "retry 1 of", killed)
+    text = run.text
     note = "the spare took its place" if "takes its place" in text else "whole-gang retry" if "retry 1 of" in text \
         else "?"
     if code != 0:

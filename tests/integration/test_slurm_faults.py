@@ -19,6 +19,7 @@ import pytest
 
 from stoker import Flow
 from tests.helpers import EXAMPLES, FLOWS, run_flow
+from tests.spares_support import slurm_node_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -68,18 +69,6 @@ def _start(flow: Path, *args: str, cwd: Path) -> tuple[subprocess.Popen, Lines]:
     return proc, Lines(proc)
 
 
-def _node_of(job: str, member: int) -> str:
-    """The Slurm node that runs member `member` of job `job` (its SLURM_NODEID)."""
-    for d in Path("/proc").iterdir():
-        try:
-            env = dict(v.split("=", 1) for v in (d / "environ").read_bytes().decode().split("\0") if "=" in v)
-        except (OSError, UnicodeDecodeError):
-            continue
-        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_NODEID") == str(member) and "SLURMD_NODENAME" in env:
-            return env["SLURMD_NODENAME"]
-    raise AssertionError(f"no process of member {member} of job {job}")
-
-
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])  # a host that dies / that hangs (its sockets stay open)
 def test_a_lost_node_is_named_and_its_gang_stopped_within_10_s(shared, slurm_cluster, how):
     proc, out = _start(FLOWS / "lost_node_flow.py", "--seconds", "120", "--backend", "slurm=train", cwd=shared)
@@ -88,7 +77,7 @@ def test_a_lost_node_is_named_and_its_gang_stopped_within_10_s(shared, slurm_clu
         out.wait_for("collective loop started on rank 1", 180)
         out.wait_for("collective loop started on rank 0", 30)
         job = re.search(r"submitted to slurm as job (\d+)", out.text).group(1)
-        node = _node_of(job, 1)
+        node = slurm_node_of(job, 1)
         lost_at = time.time()
         assert slurm_cluster.kill_node(node, getattr(signal, how)), f"nothing of node {node} to kill"
         stopped = out.wait_for("gang train stopped", 60)

@@ -11,85 +11,21 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from stoker.train.model import Llama
-from stoker.train.settings import get_model_config
-from tests.helpers import FLOWS
+from tests.spares_support import FlowRun, final_weights, kill_tree, spares_run, tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 STEPS = 60
 
 
-def tokens(folder: Path) -> Path:
-    rng = np.random.default_rng(1)
-    base = rng.integers(0, 256, size=97)
-    path = folder / "tokens.bin"
-    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(path)
-    return path
-
-
-def final_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The model of the newest committed checkpoint in `ckpt`, loaded into one process."""
-    latest = (ckpt / "latest").read_text().strip()
-    model = Llama(get_model_config("tiny"))
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(ckpt / latest))
-    return state["model"]
-
-
-class Run:
-    """`spares_flow.py run` in the background, its output line by line with the time each arrived."""
-
-    def __init__(self, cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", str(FLOWS / "spares_flow.py"), "run", "--data", str(data),
-                                      "--steps", str(STEPS), "--ckpt", str(ckpt)], cwd=cwd, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[tuple[float, str]] = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.append((time.time(), line.rstrip("\n")))
-
-    @property
-    def text(self) -> str:
-        return "\n".join(ln for _, ln in self.lines)
-
-    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for _, ln in list(self.lines):
-                if m := re.search(pattern, ln):
-                    return m
-            assert self.proc.poll() is None or self.thread.is_alive(), self.text
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in {timeout} s:\n{self.text}")
-
-    def finish(self, timeout: float = 300) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self.thread.join(timeout=5)
-        return code
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a member and everything under it at once (its torchrun agent and workers), as a dead host."""
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for p in procs:
-        p.send_signal(signal.SIGSTOP)  # none of them reacts to the others' deaths first
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
+def Run(cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> FlowRun:  # noqa: N802 - reads as the run
+    return spares_run(cwd, data, ckpt, steps=STEPS, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +33,13 @@ def setup(tmp_path_factory):
     """Token data and the weights of an uninterrupted run of the same gang."""
     tmp = tmp_path_factory.mktemp("spares")
     data = tokens(tmp)
-    env = {**__import__("os").environ, "STOKER_HOME": str(tmp / "home"), "STOKER_STORE": "",
-           "STOKER_PREFLIGHT": "0"}
+    env = {"STOKER_HOME": str(tmp / "home"), "STOKER_STORE": "", "STOKER_PREFLIGHT": "0"}
     run = Run(tmp, data, tmp / "ckpt-reference", env)
     assert run.finish() == 0, run.text
     return tmp, data, env, final_weights(tmp / "ckpt-reference")
 
 
-def kill_mid_training(run: Run, node: int) -> float:
+def kill_mid_training(run: FlowRun, node: int) -> float:
     """Kill the member running `node` once a checkpoint past step 8 is committed; returns when."""
     pid = int(run.wait_for(rf"spares_flow: node {node} member \d+ pid (\d+) attempt 0").group(1))
     run.wait_for(r"checkpoint step_000000(1[2-9]|[2-9]\d) committed")

@@ -9,15 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import FLOWS
+from tests.spares_support import FlowRun, committed, final_weights, spares_run, tokens
 
 STEPS = 60
 SLEEPER = ("import os, subprocess, sys, time\n"
@@ -95,79 +92,9 @@ def test_the_emulator_loses_a_child_as_batch_does_and_ends_the_job_with_its_main
 
 # -- the end-to-end run ---------------------------------------------------------------------------------------------
 
-def tokens(folder: Path) -> Path:
-    import numpy as np
-
-    rng = np.random.default_rng(1)
-    base = rng.integers(0, 256, size=97)
-    path = folder / "tokens.bin"
-    np.concatenate([np.roll(base, i % 5) for i in range(22)]).astype(np.uint16).tofile(path)
-    return path
-
-
-def final_weights(ckpt: Path) -> dict:
-    """The model of the newest committed checkpoint in `ckpt`, loaded into one process (it reshards to full
-    tensors), as tests/unit/train/test_parallel.py::load_weights does."""
-    import torch.distributed.checkpoint as dcp
-
-    from stoker.train.model import Llama
-    from stoker.train.settings import get_model_config
-
-    model = Llama(get_model_config("tiny"))
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(ckpt / (ckpt / "latest").read_text().strip()))
-    return state["model"]
-
-
-def committed(ckpt: Path) -> int:
-    try:
-        return int((ckpt / "latest").read_text().strip().rsplit("_", 1)[1])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-class Run:
-    """`spares_flow.py run --backend batch=train` in the background, its output (the nodes' CloudWatch lines among
-    it) line by line with the time each arrived."""
-
-    def __init__(self, cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", str(FLOWS / "spares_flow.py"), "run", "--backend",
-                                      "batch=train", "--data", str(data), "--steps", str(STEPS), "--ckpt", str(ckpt)],
-                                     cwd=cwd, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.cwd = cwd
-        self.lines: list[tuple[float, str]] = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.append((time.time(), line.rstrip("\n")))
-
-    @property
-    def text(self) -> str:
-        return "\n".join(ln for _, ln in self.lines)
-
-    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for _, ln in list(self.lines):
-                if m := re.search(pattern, ln):
-                    return m
-            assert self.proc.poll() is None or self.thread.is_alive(), self.text[-6000:]
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in {timeout} s:\n{self.text[-6000:]}")
-
-    def finish(self, timeout: float = 400) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        finally:
-            self.thread.join(timeout=5)
-            (self.cwd / "run.log").write_text(self.text + "\n")  # the whole of it, where the assertions cut it short
-        return code
+def Run(cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> FlowRun:  # noqa: N802 - reads as the run
+    """`spares_flow.py run --backend batch=train` in the background (its whole output left in run.log)."""
+    return spares_run(cwd, data, ckpt, "--backend", "batch=train", steps=STEPS, env=env, log=cwd / "run.log")
 
 
 _REFERENCE: dict[str, dict] = {}  # the uninterrupted run's final weights, computed once for the module

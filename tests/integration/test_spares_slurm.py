@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,64 +19,16 @@ import pytest
 import torch
 
 from tests.helpers import FLOWS
-from tests.integration.test_spares import final_weights, tokens
+from tests.spares_support import FlowRun, final_weights, spares_run, tokens
+from tests.spares_support import slurm_node_of as node_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.torch]
 STEPS = 100
 
 
-class Run:
-    """`spares_flow.py run --backend slurm=train` in the background, its output line by line with arrival times."""
-
-    def __init__(self, cwd: Path, data: Path, ckpt: Path, slurm: bool = True) -> None:
-        args = [sys.executable, "-u", str(FLOWS / "spares_flow.py"), "run", "--data", str(data), "--steps", str(STEPS),
-                "--ckpt", str(ckpt), *(["--backend", "slurm=train"] if slurm else [])]
-        self.proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[tuple[float, str]] = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.append((time.time(), line.rstrip("\n")))
-
-    @property
-    def text(self) -> str:
-        return "\n".join(ln for _, ln in self.lines)
-
-    def wait_for(self, pattern: str, timeout: float = 300, after: float = 0.0) -> tuple[float, re.Match]:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for t, ln in list(self.lines):
-                if t >= after and (m := re.search(pattern, ln)):
-                    return t, m
-            assert self.proc.poll() is None or self.thread.is_alive(), self.text
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in {timeout} s:\n{self.text}")
-
-    def finish(self, timeout: float = 600) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self.thread.join(timeout=5)
-        return code
-
-
-def node_of(job: str, member: int, timeout: float = 30) -> str:
-    """The Slurm node that runs member `member` of job `job` (its SLURM_NODEID)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for d in Path("/proc").iterdir():
-            try:
-                env = dict(v.split("=", 1) for v in (d / "environ").read_bytes().decode().split("\0") if "=" in v)
-            except (OSError, UnicodeDecodeError):
-                continue
-            if env.get("SLURM_JOB_ID") == job and env.get("SLURM_NODEID") == str(member) and "SLURMD_NODENAME" in env:
-                return env["SLURMD_NODENAME"]
-        time.sleep(0.2)
-    raise AssertionError(f"no process of member {member} of job {job}")
+def Run(cwd: Path, data: Path, ckpt: Path, slurm: bool = True) -> FlowRun:  # noqa: N802 - reads as the run
+    """`spares_flow.py run --backend slurm=train` (or locally: the reference) in the background."""
+    return spares_run(cwd, data, ckpt, *(["--backend", "slurm=train"] if slurm else []), steps=STEPS)
 
 
 def squeue() -> list[str]:
@@ -110,12 +60,12 @@ def shared(tmp_path, slurm_cluster, monkeypatch):
     return tmp_path
 
 
-def kill_mid_training(run: Run, cluster, node: int) -> tuple[float, str, int, str]:
+def kill_mid_training(run: FlowRun, cluster, node: int) -> tuple[float, str, int, str]:
     """Kill the Slurm node of the member running gang node `node` once a checkpoint past step 8 is committed.
     Returns (when, the Slurm node, the member, the job id)."""
-    _, m = run.wait_for(rf"spares_flow: node {node} member (\d+) pid \d+ attempt 0")
+    m = run.wait_for(rf"spares_flow: node {node} member (\d+) pid \d+ attempt 0")
     member = int(m.group(1))
-    job = run.wait_for(r"submitted to slurm as job (\d+)")[1].group(1)
+    job = run.wait_for(r"submitted to slurm as job (\d+)").group(1)
     host = node_of(job, member)
     run.wait_for(r"checkpoint step_000000(1[2-9]|[2-9]\d) committed")
     at = time.time()
@@ -123,7 +73,7 @@ def kill_mid_training(run: Run, cluster, node: int) -> tuple[float, str, int, st
     return at, host, member, job
 
 
-def timeline(run: Run, since: float) -> str:
+def timeline(run: FlowRun, since: float) -> str:
     """The run's gang lines from `since` on, each with its offset in seconds (printed for the report)."""
     keep = ("gang train", "generation", "committed", "resum", "lost", "retry", "submitted")
     return "\n".join(f"  +{t - since:6.1f} s  {ln}" for t, ln in run.lines
@@ -156,8 +106,8 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_slurm_job(shared, slur
     assert member == node + 1, "generation 0 runs on members 1 and 2; member 0 (the batch host) is the spare"
     assert re.search(rf"node {node} \(member {member}, host {host}\) lost: .*spare member 0 takes its place in "
                      rf"generation 1, in the same job", out), out
-    first_step = run.wait_for(r"generation 1 of the gang", after=killed)[0]
-    recovered = float(run.wait_for(r"generation 1 recovered in ([\d.]+) s")[1].group(1))
+    first_step = run.wait_at(r"generation 1 of the gang", after=killed)[0]
+    recovered = float(run.wait_for(r"generation 1 recovered in ([\d.]+) s").group(1))
     print(f"Slurm job {job}: node {node} (member {member}, {host}) killed; recovery {recovered:.1f} s as stoker "
           f"reports it; kill -> generation 1 started {first_step - killed:.1f} s\n{timeline(run, killed)}")
     assert "retry 1 of" not in out, "no whole-gang retry:\n" + out

@@ -115,17 +115,11 @@ class MutableStep(_Mutable):
                       deco_kwargs: dict[str, Any] | None = None, duplicates: int = IGNORE) -> Any:
         """Add a decorator (`retry`, a UserStepDecorator or StepMutator class, or a spec `"retry:times=2"`) with
         these arguments; returns it, or None when `duplicates` kept the existing one."""
-        args, kwargs = list(deco_args or []), dict(deco_kwargs or {})
-        if isinstance(deco_type, str):
-            name, s_args, s_kwargs = parse_decospec(deco_type)
-            if (args or kwargs) and (s_args or s_kwargs):
-                raise ConfigError("Cannot specify additional arguments when adding a decorator using a decospec "
-                                  "that already has arguments")
-            args, kwargs = args or s_args, kwargs or s_kwargs
-            deco_type = DECORATORS.get(name) or UserStepDecoratorMeta._registry.find(name)
-            if deco_type is None:
-                raise ConfigError(f"add_decorator({name!r}): no such step decorator; known: "
-                                  f"{', '.join(sorted(DECORATORS))} and the user step decorators defined")
+        deco_type, args, kwargs = _resolve(
+            deco_type, deco_args, deco_kwargs, "decorator", "has arguments",
+            lambda name: DECORATORS.get(name) or UserStepDecoratorMeta._registry.find(name),
+            lambda name: f"add_decorator({name!r}): no such step decorator; known: {', '.join(sorted(DECORATORS))} "
+                         f"and the user step decorators defined")
         user = _deco_class(deco_type, UserStepDecoratorBase)
         if user is not None:
             if not self._pre_mutate and issubclass(user, StepMutator):
@@ -240,16 +234,10 @@ class MutableFlow(_Mutable):
         """Add a flow decorator (`project`, `"project:name=x"`) or a FlowMutator class (its `pre_mutate` runs
         after those of the mutators already there)."""
         self._only_in_pre_mutate(f"Adding flow-decorator '{deco_type}'")
-        args, kwargs = list(deco_args or []), dict(deco_kwargs or {})
-        if isinstance(deco_type, str):
-            name, s_args, s_kwargs = parse_decospec(deco_type)
-            if (args or kwargs) and (s_args or s_kwargs):
-                raise ConfigError("Cannot specify additional arguments when adding a flow decorator using a "
-                                  "decospec that already contains arguments")
-            args, kwargs = args or s_args, kwargs or s_kwargs
-            deco_type = FLOW_DECORATORS.get(name) or FlowMutatorMeta._registry.find(name)
-            if deco_type is None:
-                raise ConfigError(f"add_decorator({name!r}): no such flow decorator or FlowMutator")
+        deco_type, args, kwargs = _resolve(
+            deco_type, deco_args, deco_kwargs, "flow decorator", "already contains arguments",
+            lambda name: FLOW_DECORATORS.get(name) or FlowMutatorMeta._registry.find(name),
+            lambda name: f"add_decorator({name!r}): no such flow decorator or FlowMutator")
         mutator = _deco_class(deco_type, FlowMutator)
         if mutator is not None:
             same = [m for m in flow_mutators(self._flow_cls) if m.decorator_name == mutator.decorator_name]
@@ -366,3 +354,19 @@ def _run_flow_phase(flow_cls: type, pre: bool) -> None:
 
 __all__ = ["IGNORE", "ERROR", "OVERRIDE", "MutableFlow", "MutableStep", "apply_user_decorators",
            "has_user_decorators"]
+
+
+def _resolve(deco_type: Any, deco_args: list[Any] | None, deco_kwargs: dict[str, Any] | None, what: str,
+             has: str, lookup: Any, unknown: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+    """`add_decorator`'s (type, args, kwargs): a decospec string (`"retry:times=2"`) is parsed and looked up (Metaflow
+    refuses arguments given both in the string and apart); a type is kept as it is."""
+    args, kwargs = list(deco_args or []), dict(deco_kwargs or {})
+    if not isinstance(deco_type, str):
+        return deco_type, args, kwargs
+    name, s_args, s_kwargs = parse_decospec(deco_type)
+    if (args or kwargs) and (s_args or s_kwargs):
+        raise ConfigError(f"Cannot specify additional arguments when adding a {what} using a decospec that {has}")
+    found = lookup(name)
+    if found is None:
+        raise ConfigError(unknown(name))
+    return found, args or s_args, kwargs or s_kwargs
