@@ -132,3 +132,23 @@ def spares_run(cwd: Path, data: Path, ckpt: Path, *args: str, steps: int, env: d
     """`spares_flow.py run --data DATA --steps N --ckpt CKPT [ARGS]` in the background."""
     return FlowRun([sys.executable, "-u", str(FLOW), "run", "--data", str(data), "--steps", str(steps), "--ckpt",
                     str(ckpt), *args], cwd, env, log)
+
+
+STEPS = 100  # every hot-spare test trains this long: one uninterrupted reference serves them all
+_REFERENCE: dict[int, Any] = {}
+
+
+def reference_weights(steps: int = STEPS) -> tuple[Path, Any]:
+    """The token file and the final weights of one uninterrupted run of the 2-node gang on the local backend (its
+    spare never used), made once per test process: a gang with the same ranks on this host gives bitwise the same
+    weights on any backend, so every interrupted run is compared with it."""
+    if steps not in _REFERENCE:
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="stoker-spares-reference-"))
+        data = tokens(tmp)
+        run = spares_run(tmp, data, tmp / "ckpt", steps=steps,
+                         env={"STOKER_HOME": str(tmp / "home"), "STOKER_STORE": "", "STOKER_PREFLIGHT": "0"})
+        assert run.finish() == 0, run.text[-6000:]
+        _REFERENCE[steps] = (data, final_weights(tmp / "ckpt"))
+    return _REFERENCE[steps]

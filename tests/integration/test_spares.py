@@ -18,10 +18,9 @@ import psutil
 import pytest
 import torch
 
-from tests.spares_support import FlowRun, final_weights, kill_tree, spares_run, tokens
+from tests.spares_support import STEPS, FlowRun, final_weights, kill_tree, reference_weights, spares_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
-STEPS = 60
 
 
 def Run(cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> FlowRun:  # noqa: N802 - reads as the run
@@ -30,13 +29,11 @@ def Run(cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> FlowRun:  # n
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """Token data and the weights of an uninterrupted run of the same gang."""
+    """A folder, token data, the runs' environment and the weights of an uninterrupted run of the same gang."""
     tmp = tmp_path_factory.mktemp("spares")
-    data = tokens(tmp)
+    data, weights = reference_weights(STEPS)
     env = {"STOKER_HOME": str(tmp / "home"), "STOKER_STORE": "", "STOKER_PREFLIGHT": "0"}
-    run = Run(tmp, data, tmp / "ckpt-reference", env)
-    assert run.finish() == 0, run.text
-    return tmp, data, env, final_weights(tmp / "ckpt-reference")
+    return tmp, data, env, weights
 
 
 def kill_mid_training(run: FlowRun, node: int) -> float:

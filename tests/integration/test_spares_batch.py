@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spares_support import FlowRun, committed, final_weights, spares_run, tokens
+from tests.spares_support import STEPS, FlowRun, committed, final_weights, reference_weights, spares_run
 
-STEPS = 60
 SLEEPER = ("import os, subprocess, sys, time\n"
            "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
            "open('grandchild.pid', 'w').write(str(kid.pid))\n"
@@ -97,9 +96,6 @@ def Run(cwd: Path, data: Path, ckpt: Path, env: dict[str, str]) -> FlowRun:  # n
     return spares_run(cwd, data, ckpt, "--backend", "batch=train", steps=STEPS, env=env, log=cwd / "run.log")
 
 
-_REFERENCE: dict[str, dict] = {}  # the uninterrupted run's final weights, computed once for the module
-
-
 @pytest.fixture
 def batch_env(aws, tmp_path, monkeypatch):
     from tests.batch_emulator import emulated_batch_env
@@ -110,33 +106,21 @@ def batch_env(aws, tmp_path, monkeypatch):
     return env
 
 
-def reference(tmp_path_factory, env: dict[str, str]) -> dict:
-    """The same gang on the same emulated Batch, uninterrupted (its spare, the main node, never used)."""
-    if "weights" not in _REFERENCE:
-        tmp = tmp_path_factory.mktemp("reference")
-        data = tokens(tmp)
-        run = Run(tmp, data, tmp / "ckpt", env)  # the same emulator state: moto has its job definition now
-        assert run.finish() == 0, run.text[-6000:]
-        assert "nodes ran on members [1, 2]" in run.text, run.text[-6000:]
-        _REFERENCE["weights"] = final_weights(tmp / "ckpt")
-    return _REFERENCE["weights"]
-
-
 @pytest.mark.aws
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("slot", "how"), [(0, "instance"), (1, "container")],
                          ids=["rendezvous-host-instance-lost", "other-node-container-killed"])
-def test_a_killed_child_is_replaced_by_the_main_node_in_the_same_batch_job(batch_env, tmp_path, tmp_path_factory,
-                                                                           monkeypatch, slot, how):
+def test_a_killed_child_is_replaced_by_the_main_node_in_the_same_batch_job(batch_env, tmp_path, monkeypatch, slot,
+                                                                           how):
     import torch
 
     from stoker.distributed.gangboard import GangBoard
     from stoker.store.blobs import open_store
     from tests.batch_emulator import job_states, kill_node
 
-    weights_ref = reference(tmp_path_factory, batch_env)
-    data, ckpt = tokens(tmp_path), tmp_path / "ckpt"
+    data, weights_ref = reference_weights(STEPS)  # the same gang, uninterrupted (on this host: the same ranks)
+    ckpt = tmp_path / "ckpt"
     before = {s["id"] for s in job_states()}
     run = Run(tmp_path, data, ckpt, batch_env)
     member = int(run.wait_for(rf"spares_flow: node {slot} member (\d+) pid \d+ attempt 0").group(1))

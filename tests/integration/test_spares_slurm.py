@@ -19,11 +19,10 @@ import pytest
 import torch
 
 from tests.helpers import FLOWS
-from tests.spares_support import FlowRun, final_weights, spares_run, tokens
+from tests.spares_support import STEPS, FlowRun, final_weights, reference_weights, spares_run
 from tests.spares_support import slurm_node_of as node_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.torch]
-STEPS = 100
 
 
 def Run(cwd: Path, data: Path, ckpt: Path, slurm: bool = True) -> FlowRun:  # noqa: N802 - reads as the run
@@ -37,19 +36,9 @@ def squeue() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference():
     """Token data and the final weights of an uninterrupted run of the same gang (on this host: the same gloo ranks)."""
-    tmp = tmp_path_factory.mktemp("spares-slurm")
-    data = tokens(tmp)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("STOKER_HOME", str(tmp / "reference-home"))
-    mp.setenv("STOKER_PREFLIGHT", "0")
-    try:
-        run = Run(tmp, data, tmp / "ckpt-reference", slurm=False)
-        assert run.finish() == 0, run.text
-    finally:
-        mp.undo()
-    return data, final_weights(tmp / "ckpt-reference")
+    return reference_weights(STEPS)
 
 
 @pytest.fixture

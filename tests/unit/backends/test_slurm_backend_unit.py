@@ -11,7 +11,7 @@ import pytest
 
 from stoker.backends.slurm import SlurmBackend, SlurmClient, SlurmOptions
 from stoker.backends.slurm.backend import shared_reason
-from stoker.errors import ConfigError
+from stoker.errors import BackendError, ConfigError
 from stoker.runtime.contract import JobRef, Unit
 from stoker.runtime.spec import TaskSpec
 
@@ -271,3 +271,14 @@ def test_a_gang_with_spares_still_running_when_the_run_ends_is_cancelled(backend
     backend.runner.answers["scontrol"] = (0, _job_line("9", "COMPLETED", "n[1-3]"), "")
     backend.close()  # the spare left when the gang was over: nothing to cancel
     assert not [c for c in backend.runner.calls if c[0] == "scancel"]
+
+
+def test_signalling_a_job_that_stopped_running_meanwhile_is_not_an_error():
+    """`scancel --signal=TERM --state=RUNNING J` on a job that left RUNNING (its run cancelled it a moment before
+    `stoker kill` got to it) exits 1 and says nothing: the job is over, not a failure to cancel it."""
+    silent = SlurmClient(runner=Runner({"scancel --signal": (1, "", "")}), env={})
+    assert silent.scancel("8", signal="TERM") is False
+    refused = SlurmClient(runner=Runner({"scancel --signal": (1, "", "scancel: error: Access/permission denied")}),
+                          env={})
+    with pytest.raises(BackendError, match="permission denied"):
+        refused.scancel("8", signal="TERM")

@@ -287,6 +287,9 @@ class SlurmClient:
             return True
         if any(g in p.stderr for g in ("already completing or completed", "Invalid job id")):
             return False
+        if signal and not (p.stderr or p.stdout).strip():
+            return False  # `--state=RUNNING` matched nothing, silently: the job is no longer running (its run
+            # process, interrupted first by `stoker kill`, cancelled it a moment ago)
         raise BackendError(self.explain(args, p.stderr or p.stdout))
 
     # -- cluster --------------------------------------------------------------------------------------
