@@ -6,9 +6,9 @@ member runs each slot. Generation 0 is the first N members (on AWS Batch, member
 last spare, backends/aws); the others wait warm (runtime/member/standby.py). When an active member is lost, the
 driver (runtime/driver/spares.py) posts the next generation: the lost member's slot goes to a live spare, the others
 keep theirs. The survivors' launcher (distributed/generations.py) ends its torchrun and starts the next one on the
-new rendezvous (the host of slot 0's member, on the base port + the generation's number, so a lost rendezvous host
-or a port held by a dead agent never blocks it); training resumes from its last committed checkpoint. The spare runs
-the slot's task from its start, as the task's same attempt.
+new rendezvous (the host of slot 0's member, on the base port + 1 + the generation's number, so a lost rendezvous
+host or a port held by a dead agent never blocks it); training resumes from its last committed checkpoint. The spare
+runs the slot's task from its start, as the task's same attempt.
 
 The objects, under the gang's attempt (`runs/<flow>/<run>/<step>/<node 0's task>/<attempt>/gang/`):
     current.json        the latest generation (members poll it)

@@ -2,7 +2,8 @@
 
 `current.torch.run(...)` on such a node runs torchrun for the gang's current generation: node rank = this node's
 slot, rendezvous = the address of the member that runs slot 0 now (member 0: the engine's main address; another:
-the address it announced), port = the base port + the generation's number. While torchrun runs, the launcher reads
+the address it announced), port = the base port for generation 0, base + 1 + g for generation g (base + 1 is the
+preflight's all_reduce). While torchrun runs, the launcher reads
 `current.json` every half second; when the driver posts a newer generation (a node was lost and a spare takes its
 place) torchrun and its workers are killed at once (their collectives lost a peer: nothing they do now counts) and
 the next generation starts, resuming from the last committed checkpoint as any restart of the same command does.
@@ -104,9 +105,10 @@ class GangLink:
         return first is not None and self.member not in first.slots
 
     def rendezvous(self, gen: Generation) -> tuple[str, int]:
-        """Where generation `gen` meets: slot 0's member's address, the base port + the generation."""
+        """Where generation `gen` meets: slot 0's member's address; generation 0 on the base port, generation g on
+        base + 1 + g (base + 1 is the gang preflight's)."""
         first = gen.slots[0]
-        port = self.base_port + gen.gen
+        port = self.base_port + 1 + gen.gen if gen.gen else self.base_port  # (base + 1: the preflight's all_reduce)
         if first == 0:
             return self.main_addr, port
         deadline = time.monotonic() + self.wait_s

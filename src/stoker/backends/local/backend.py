@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import selectors
 import shlex
 import signal
@@ -44,10 +45,36 @@ from stoker.runtime.member.node import member_spec
 from stoker.runtime.spec import TaskSpec
 
 
-def free_port() -> int:
-    with socket.socket() as s:
+def free_port(span: int = 2) -> int:
+    """A rendezvous port P for a local gang with P .. P+span-1 free (the preflight's all_reduce meets on P+1, a gang
+    with spares' generation g on P+1+g), below the kernel's ephemeral range: outbound connections take ports from
+    that range at any moment, so one picked there (as binding to port 0 does) can be taken before torchrun listens
+    on it (EADDRINUSE, seen in CI)."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(max(1024, low - 16000), low - span)
+        if all(_bindable(port + i) for i in range(span)):
+            return port
+    with socket.socket() as s:  # a crowded host: what the kernel gives
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(4096, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))  # where torchrun's store listens: every address
+            return True
+        except OSError:
+            return False
 
 
 class _Job:
@@ -130,7 +157,8 @@ class LocalBackend(InProcessBackend):
 
     def submit(self, request: Request) -> JobRef:
         unit = request.unit
-        port = free_port() if unit.kind == "gang" else None  # fresh per attempt: stragglers may hold the last
+        port = free_port(2 + unit.spares) if unit.kind == "gang" else None  # fresh per attempt: stragglers may hold
+        # the last
         doc = {"kind": unit.kind, "specs": list(unit.specs)}  # the specs themselves: no JSON on this machine
         if unit.spares:  # a gang with hot spares: its spares are members too (runtime/member/standby.py)
             if self.mode == "subprocess":
