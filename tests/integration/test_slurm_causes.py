@@ -3,6 +3,7 @@ and not retried, @retry notwithstanding; a gang node that dies twice on one host
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -91,6 +92,7 @@ def test_a_host_that_kills_a_gang_twice_is_excluded(tmp_path, slurm_cluster, mon
     run = Flow("BadHostFlow").latest_run
     assert run.successful, out
     assert "n2" not in run["join"].task.data.hosts
+    assert not re.search(r"host (?!n2 )\S+ failed", out), out  # only the bad host is ever blamed, never node 0's
     failed_on_n2 = out.count("on n2")
     if failed_on_n2 >= 2:  # Slurm put the gang on n2 twice: the next attempt kept off it
         assert "host n2 failed 2 times (node lost / engine failure): the run's next submissions to slurm exclude it" \

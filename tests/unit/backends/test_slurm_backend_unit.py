@@ -236,6 +236,24 @@ def test_a_member_that_ended_is_reported_by_the_exit_code_it_left(backend, tmp_p
     assert (st.member(2).state, st.member(2).exit_code) == ("exited", -9)
 
 
+def test_a_gang_that_ended_reports_each_members_own_exit_code(backend, tmp_path):
+    """srun's code, the job's, is one for every node: when node 1 dies, --kill-on-bad-exit TERMinates node 0, and only
+    the exit files tell the node that died (the one whose host is blamed) from the one srun stopped."""
+    from stoker.backends.slurm.render import member_exit
+
+    backend.runner.answers["sacct -n"] = (1, "", "Slurm accounting storage is disabled")
+    folder = tmp_path / "logs" / "g"
+    folder.mkdir(parents=True)
+    ref = JobRef(backend="slurm", job_id="8", members=3, kind="gang", extra={"log_dir": str(folder)})
+    backend.runner.answers["scontrol"] = (0, _job_line("8", "FAILED", "n[1-3]").replace("0:0", "143:0"), "")
+    Path(member_exit(str(folder), "8", 0)).write_text("-15\n")
+    Path(member_exit(str(folder), "8", 1)).write_text("-9\n")
+    st = backend.poll([ref])["8"]
+    assert st.state == "exited" and st.exit_code == 143
+    assert (st.member(0).exit_code, st.member(1).exit_code, st.member(1).hosts) == (-15, -9, ["n2"])
+    assert st.member(2).exit_code == 143  # it left no file (lost with its node): the job's code stands
+
+
 def test_the_supervisor_leaves_the_agents_exit_code(tmp_path):
     from stoker.backends.slurm.node import supervised
 

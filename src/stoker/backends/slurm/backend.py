@@ -4,8 +4,9 @@ Members write their output to per-node files in the unit's log folder (render.py
 `wait()` tails them for live output, so the folder must be on a filesystem the nodes and this host share,
 as must a local-folder store. `check()` refuses, before anything is submitted, what cannot work.
 
+Every gang member leaves its exit code in the log folder (node.py): a gang's job reports srun's, one for all nodes.
 A gang with k spares is one `--no-kill` job of N + k members (render.py): a member that ended is reported by the exit
-code it left in the log folder (node.py), a node Slurm removes from the job as that member's loss
+code it left, a node Slurm removes from the job as that member's loss
 (states.spare_members), and member 0, the batch host whose loss kills the batch script and srun, is the last spare
 (`main_node_spare`). If it is lost all the same, the job would hold its other nodes until its time limit: once no
 member step is left, it is cancelled and reported ended (the members' manifests say how each did).
@@ -259,6 +260,8 @@ class SlurmBackend(Backend):
                     self._running_spares.pop(ref.job_id, None)
                 else:
                     self._running_spares[ref.job_id] = ref
+            elif ref.kind == "gang" and st.state == EXITED:
+                st = _gang_members(ref, st)
             out[ref.job_id] = st
             self._tails.setdefault(ref.job_id, _Tail(ref)).status = st  # re-attached refs are tailed too
             if st.hosts and ref.kind != "array":  # where each node runs: a gang's node i is its i-th host
@@ -374,8 +377,21 @@ class SlurmBackend(Backend):
         self._running_spares.clear()
 
 
+def _gang_members(ref: JobRef, st: JobStatus) -> JobStatus:
+    """A gang's job has ended: each member's own exit code (render.member_exit) where it left one, with the job's
+    reason. srun's code, the job's, is one for all nodes: without these, the node that died and those srun stopped
+    after it (`--kill-on-bad-exit`) look alike, and the driver would blame node 0's host."""
+    folder = ref.extra.get("log_dir", "")
+    for i in range(ref.members):
+        code = _exit_code(member_exit(folder, ref.job_id, i))
+        if code is not None and i not in st.members:
+            st.members[i] = JobStatus(state=EXITED, exit_code=code, started_at=st.started_at,
+                                      hosts=st.hosts[i:i + 1], reason=st.reason)
+    return st
+
+
 def _exit_code(path: str) -> int | None:
-    """The exit code a member of a gang with spares left (render.member_exit), None while it has not ended."""
+    """The exit code a gang member left (render.member_exit), None while it has not ended."""
     try:
         with open(path) as f:
             return int(f.read().strip())

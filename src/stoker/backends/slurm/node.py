@@ -5,8 +5,9 @@ Slurm's variables: `SLURM_ARRAY_TASK_ID` (an array element) or `SLURM_NODEID` (a
 name in Slurm (`SLURMD_NODENAME`: what a lost node's heartbeat names) and, in a gang with spares, the node's own
 address from the batch script's `STOKER_NODE_ADDRS` (`name=NodeAddr,...`; render.py).
 
-In a gang with spares the job outlives its members (a spare waits until the gang is over, a lost node leaves the
-others running), and Slurm without accounting tells no member's end apart from the job's. So there
+Slurm without accounting tells no gang member's end apart from the job's: the job's exit code is srun's, one for
+all nodes (when one node dies, `--kill-on-bad-exit` TERMinates the others), and in a gang with spares the job
+outlives its members (a spare waits until the gang is over, a lost node leaves the others running). So in a gang
 (`STOKER_SLURM_EXITS`, the unit's log folder) the agent runs in a child process and this one writes the child's exit
 code to `<folder>/<job>-<member>.exit` when it ends: the backend reads it as that member's status (backend.py).
 """

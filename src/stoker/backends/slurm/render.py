@@ -17,7 +17,11 @@ and the job then never ends by itself, so member 0 is the gang's last spare (Slu
 backend cancels such a job once its step is over (backend.py). Each member learns its own address from
 `STOKER_NODE_ADDRS` (`node=NodeAddr,...` of the whole allocation, one scontrol call; node.py): a spare that takes
 node 0's slot hosts the next rendezvous there. Such a job outlives its members (a spare waits until the gang is
-over), so each member leaves its exit code in `<job>-<member>.exit` in the log folder (`STOKER_SLURM_EXITS`).
+over).
+
+Every gang member leaves its exit code in `<job>-<member>.exit` in the log folder (`STOKER_SLURM_EXITS`): the job's
+own code is srun's, one for all nodes, and when one node dies `--kill-on-bad-exit` TERMinates the others, so only
+these files tell the node that died (say by SIGKILL) from those srun stopped; the driver blames the first's host.
 
 No environment value is ever written into a script: the job inherits sbatch's environment by name
 (`--export=ALL`), and members read their identity from Slurm's own variables (see backends/slurm/node.py).
@@ -186,8 +190,10 @@ def render_sbatch(unit: Unit, opts: SlurmOptions) -> str:
                   "unset STOKER_NODE_ADDR",
                   "addrs=$(scontrol -o show node \"$SLURM_JOB_NODELIST\" 2>/dev/null | "
                   "sed -n 's/^NodeName=\\([^ ]*\\) .*NodeAddr=\\([^ ]*\\).*/\\1=\\2/p' | paste -sd, -)",
-                  'export STOKER_NODE_ADDRS="$addrs"',
-                  "# Each member's exit code goes to <job>-<member>.exit here: the job outlives its members.",
+                  'export STOKER_NODE_ADDRS="$addrs"']
+    if gang:
+        lines += ["# Each member's exit code goes to <job>-<member>.exit here: the job's own code is srun's, one for",
+                  "# every node (and a job with spares outlives its members).",
                   f"export STOKER_SLURM_EXITS={shlex.quote(folder)}"]
     node = unit.node_command(opts.python, "stoker.backends.slurm.node")  # reads Slurm's variables
     lines += ["exec " + shlex.join(srun) + " \\", "    " + shlex.join(node), ""]

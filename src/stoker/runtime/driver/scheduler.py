@@ -22,7 +22,7 @@ from stoker.errors import StokerError
 from stoker.features.hooks import attempt_delay_s, attempts_allowed, deadline, gang_spares
 from stoker.runtime.contract import EXITED, Backend, InProcessBackend, JobRef, JobStatus, Unit
 from stoker.runtime.driver.attribution import Attribution
-from stoker.runtime.driver.causes import CONFIG, NEVER_STARTS, PREEMPTION  # NEVER_STARTS: no attempt can help
+from stoker.runtime.driver.causes import CONFIG, NEVER_STARTS, PREEMPTION, signal_of  # NEVER_STARTS: no attempt helps
 from stoker.runtime.driver.context import RunContext
 from stoker.runtime.driver.failures import FIX_AND_RERUN, kill_grace, requeue_preempted
 from stoker.runtime.driver.fallback import crash_note, died_how, fallback_note
@@ -402,8 +402,11 @@ class Scheduler:
             watch_gang(self, ref, tasks, status, now)  # (runtime/driver/lostnodes.py)
         mine = [i for i, t in enumerate(tasks) if t.state == "running" and t.job is ref]  # not a later attempt's
         ended = {i: self._ended_at(tasks[i]) for i in mine if status.member(tasks[i].member).state == EXITED}
-        # a gang whose nodes all ended together: the node that reported its own failure first went first
-        for i in sorted(mine, key=lambda i: (i not in ended, ended.get(i) is None, ended.get(i) or 0, i)):
+        # a gang whose nodes all ended together: the node that reported its own failure first went first; of those
+        # that wrote nothing, one that died (say by SIGKILL) before those the engine TERMinated after it (srun's
+        # --kill-on-bad-exit)
+        for i in sorted(mine, key=lambda i: (i not in ended, ended.get(i) is None, ended.get(i) or 0,
+                                             signal_of(status.member(tasks[i].member).exit_code) == signal.SIGTERM, i)):
             t, s = tasks[i], status.member(tasks[i].member)
             if s.state == EXITED:
                 self._finish(t, s.exit_code if s.exit_code is not None else -9, s.reason)
