@@ -43,9 +43,9 @@ __version__ = "0.1.0"
 
 
 def _run_cli(flow_cls: type) -> Any:
-    from stoker.cli.flow_cli import main
+    from stoker.cli.flow_cli import main_program
 
-    return main(flow_cls)
+    return main_program(flow_cls)
 
 
 _spec.install_cli(_run_cli)

@@ -20,9 +20,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from stoker.cards.card import BUILTIN_TYPES, get_card_class
-from stoker.cards.components import render_component
-from stoker.cards.render import render_card_html
 from stoker.cards.store import cards_prefix, check_card_id, write_card
 from stoker.store.blobs import BlobStore
 
@@ -49,6 +46,8 @@ class _Card:
         self.started = time.time()
         # Metaflow's semantics: a custom type's class says whether components may be appended and whether it
         # renders while the step runs; the built-in types allow both
+        from stoker.cards.card import BUILTIN_TYPES, get_card_class  # (a task with no @card never imports it)
+
         self.custom = self.type not in BUILTIN_TYPES
         self.cls = get_card_class(self.type) if self.custom else None
         self.editable = not self.custom or bool(self.cls is not None and self.cls.ALLOW_USER_COMPONENTS)
@@ -179,6 +178,27 @@ class _Card:
                 self.write(self.data(final=True, extra=extra))
             elif self.owner is not None and self.owner.succeeded():  # Metaflow renders them only then
                 self.write_custom("render", final=True)
+
+
+def render_component(component: Any) -> dict[str, Any]:
+    """(stoker.cards.components, imported when a task first has a component: most tasks have none)"""
+    from stoker.cards.components import render_component as render
+
+    return render(component)
+
+
+def render_card_html(data: dict[str, Any]) -> str:
+    """(stoker.cards.render, with html and the svg charts: imported when a task first writes a card)"""
+    from stoker.cards.render import render_card_html as render
+
+    return render(data)
+
+
+def preload_renderers() -> None:
+    """What a task with a @card imports on its first write (a fork server makes it once, for a flow with cards)."""
+    import stoker.cards.card
+    import stoker.cards.components
+    import stoker.cards.render  # noqa: F401
 
 
 def _custom_types() -> list[str]:

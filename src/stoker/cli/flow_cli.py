@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.cli.argtypes import positive_int
-from stoker.cli.errors import run_cli
+from stoker.cli.errors import end_program, run_cli
 from stoker.cli.guardian import start_guardian
 from stoker.cli.top_options import split_top_options
 from stoker.errors import ConfigError
@@ -128,6 +128,18 @@ def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[s
                               f"e.g. `python {Path(sys.argv[0]).name} {name} VALUE run ...`")
         out.append(a)
     return out
+
+
+def main_program(flow_cls: type) -> Any:
+    """`MyFlow()` at the bottom of a flow file: the command line of sys.argv. When the flow file is this process's
+    program (its class in __main__, no debugger or `python -i` waiting for it to end), the process then ends
+    without the interpreter's teardown (errors.end_program)."""
+    if flow_cls.__module__ != "__main__" or sys.flags.inspect or sys.gettrace() is not None:
+        return main(flow_cls)
+    try:
+        return main(flow_cls)
+    except SystemExit as e:
+        end_program(e.code)
 
 
 def main(flow_cls: type, argv: list[str] | None = None) -> Any:

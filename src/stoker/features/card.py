@@ -12,6 +12,7 @@ import re
 from stoker.errors import ConfigError
 from stoker.features.hooks import every_task
 from stoker.flow.decorators import StepDecorator, TaskContext, make_step_decorator
+from stoker.flow.mutables import step_functions
 
 TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9_]+$")  # Metaflow's card type pattern (stoker.cards.card has the same)
 
@@ -58,8 +59,12 @@ class TaskCards(StepDecorator):
     order = 45  # started after @monitor's sampler, written before it stops
 
     @staticmethod
-    def preload() -> None:
-        from stoker.cards import runtime  # noqa: F401  (platform, uuid, html: ~10 ms)
+    def preload(flow_cls: type | None = None) -> None:
+        from stoker.cards import runtime
+
+        if flow_cls is None or any(d.name == "card" for f in step_functions(flow_cls)
+                                     for d in getattr(f, "decorators", [])):
+            runtime.preload_renderers()  # (platform, uuid, html: ~10 ms; a flow without @card never needs them)
 
     def task_started(self, ctx: TaskContext) -> None:
         from stoker.cards.runtime import start_task_cards

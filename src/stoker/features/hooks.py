@@ -105,7 +105,9 @@ def plan_problems(func: Callable, resources: dict[str, Any], options: dict[str, 
     return [p for d in _decorators(func) if (p := d.plan_problem(resources, options))]
 
 
-def preload() -> None:
-    """Import what the hooks of every task import on first use (a fork server does it once, before it forks)."""
+def preload(flow_cls: type | None = None) -> None:
+    """Import what the hooks of every task import on first use (a fork server does it once, before it forks):
+    what the tasks of `flow_cls` use (None: what any task may)."""
     for hook in _EVERY_TASK:
-        getattr(hook, "preload", lambda: None)()
+        if hasattr(hook, "preload"):
+            hook.preload(flow_cls)

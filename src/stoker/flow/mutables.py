@@ -31,7 +31,7 @@ IGNORE, ERROR, OVERRIDE = 1, 2, 3
 _CACHES = ("_stoker_run_input_names", "_stoker_constant_names")
 
 
-def _step_functions(flow_cls: type) -> list[Callable]:
+def step_functions(flow_cls: type) -> list[Callable]:
     return [f for a in dir(flow_cls) if callable(f := getattr(flow_cls, a, None)) and getattr(f, "is_step", False)]
 
 
@@ -202,7 +202,7 @@ class MutableFlow(_Mutable):
 
     @property
     def steps(self) -> Iterator[tuple[str, MutableStep]]:
-        for f in _step_functions(self._flow_cls):
+        for f in step_functions(self._flow_cls):
             yield f.__name__, MutableStep(self._flow_cls, f, self._pre_mutate, self._statically_defined,
                                           self._inserted_by)
 
@@ -307,7 +307,7 @@ def _forget_caches(flow_cls: type) -> None:
 def has_user_decorators(flow_cls: type) -> bool:
     """Whether the flow has mutators or user step decorators (what `apply_user_decorators` would act on)."""
     return bool(flow_mutators(flow_cls)) or any(getattr(f, "config_decorators", None) or getattr(f, "wrappers", None)
-                                                for f in _step_functions(flow_cls))
+                                                for f in step_functions(flow_cls))
 
 
 def apply_user_decorators(flow_cls: type, values: dict[str, Any]) -> bool:
@@ -322,7 +322,7 @@ def apply_user_decorators(flow_cls: type, values: dict[str, Any]) -> bool:
     for m in mutators:
         m.external_init()
     _run_flow_phase(flow_cls, pre=True)
-    steps = _step_functions(flow_cls)
+    steps = step_functions(flow_cls)
     for f in steps:
         for d in f.config_decorators:
             d.external_init()
@@ -333,7 +333,7 @@ def apply_user_decorators(flow_cls: type, values: dict[str, Any]) -> bool:
             d.pre_mutate(MutableStep(flow_cls, f, True, d.statically_defined, [d.decorator_name]))
             i += 1
     _run_flow_phase(flow_cls, pre=False)
-    for f in _step_functions(flow_cls):
+    for f in step_functions(flow_cls):
         for d in list(f.config_decorators):
             d.mutate(MutableStep(flow_cls, f, False, d.statically_defined,
                                  [d.decorator_name, *(d.inserted_by or [])]))

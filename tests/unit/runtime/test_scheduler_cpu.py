@@ -197,7 +197,7 @@ def test_the_reaper_is_told_the_pids_of_a_pass_in_one_write():
         assert said == ["999999991\n999999992\n"]
     finally:
         r.done()
-    assert r.proc.returncode == 0
+    assert r.returncode == 0
 
 
 def test_draining_an_exited_member_leaves_a_newer_members_pipes_alone():

@@ -51,45 +51,60 @@ DELIBERATE = {"StokerError", "BackendError", "TrainingError", "TaskFailed", "Pre
               "FailureHandledByCatch"}
 WRAPPERS = {"ChildFailedError", "SignalException", "StokerError", "CalledProcessError", "TaskDied"}
 
+class _lazy:  # noqa: N801 - used as re.compile is
+    """A pattern compiled at its first use: these match only a failed attempt's text, and compiling them all was
+    ~3 ms of every run's start."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, *args: Any) -> None:
+        self._args, self._compiled = args, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._compiled is None:
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, name)
+
+
 _I = re.IGNORECASE
 # (kind, pattern) in priority order: an OOM explains the collective timeouts of its peers, a dead device explains a
 # failed collective
-PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    (OOM, re.compile(r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
-                     r"cudaErrorMemoryAllocation|NRT_RESOURCE|nrt_tensor_allocate[^\n]*fail|"
-                     r"Failed to allocate[^\n]*(?:device|HBM)|RESOURCE_EXHAUSTED|out of (?:device|HBM) memory|"
-                     r"\bMemoryError\b|std::bad_alloc|Cannot allocate memory|Out of memory: Killed process|"
-                     r"oom-kill|OOMKilled")),
-    (NODE, re.compile(r"\bNRT\b[^\n]*(?:ERROR|[Ee]rror|[Ff]ail)|(?:ERROR|[Ee]rror|[Ff]ail)[^\n]*\b(?:NRT|nrt_\w+)\b|"
-                      r"\bnrt_\w+[^\n]*(?:[Ff]ail|status=[1-9]|[Ee]rror)|NRT_(?:FAILURE|UNINITIALIZED|EXEC\w*|TIMEOUT|"
-                      r"HW_ERROR)|NEURON_RT[^\n]*[Ee]rror|uncorrectable ECC|fallen off the bus|\bXid\b|"
-                      r"cudaErrorECCUncorrectable|CUDA error: unknown error|\bNVRM\b|"
-                      r"failed \(exitcode: -9\)|exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")),
-    (NETWORK, re.compile(r"Watchdog caught collective operation timeout|ProcessGroupNCCL[^\n]*[Tt]imeout|"
-                         r"NCCL (?:WARN|[Ee]rror)|nccl(?:System|Remote|Internal)Error|DistNetworkError|"
-                         r"DistBackendError|Connection closed by peer|Connection reset by peer|"
-                         r"Connection refused[^\n]*(?:rendezvous|[Ss]tore|gloo|nccl|c10d)|"
-                         r"Rendezvous(?:Timeout|Connection|Closed)Error|gloo[^\n]*[Tt]imed out|"
-                         r"[Tt]imed out[^\n]*(?:gloo|collective|rendezvous|barrier|allreduce|all_reduce|TCPStore)|"
-                         r"Socket Timeout|NET/OFI|libfabric|\bfi_\w+ failed|\bEFA\b[^\n]*(?:[Ee]rror|[Ff]ail)")),
-    (CONFIG, re.compile(r"ModuleNotFoundError|No module named|CUDA driver version is insufficient|"
-                        r"Invalid feature specification|CannotPullContainerError|MISCONFIGURATION|"
-                        r"command not found")),
-    (DATA, re.compile(r"No space left on device|Input/output error|Stale file handle|Read-only file system|"
-                      r"Disk quota exceeded|CorruptBlobError|CheckpointError")),
+PATTERNS: list[tuple[str, Any]] = [
+    (OOM, _lazy(r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                r"cudaErrorMemoryAllocation|NRT_RESOURCE|nrt_tensor_allocate[^\n]*fail|"
+                r"Failed to allocate[^\n]*(?:device|HBM)|RESOURCE_EXHAUSTED|out of (?:device|HBM) memory|"
+                r"\bMemoryError\b|std::bad_alloc|Cannot allocate memory|Out of memory: Killed process|"
+                r"oom-kill|OOMKilled")),
+    (NODE, _lazy(r"\bNRT\b[^\n]*(?:ERROR|[Ee]rror|[Ff]ail)|(?:ERROR|[Ee]rror|[Ff]ail)[^\n]*\b(?:NRT|nrt_\w+)\b|"
+                 r"\bnrt_\w+[^\n]*(?:[Ff]ail|status=[1-9]|[Ee]rror)|NRT_(?:FAILURE|UNINITIALIZED|EXEC\w*|TIMEOUT|"
+                 r"HW_ERROR)|NEURON_RT[^\n]*[Ee]rror|uncorrectable ECC|fallen off the bus|\bXid\b|"
+                 r"cudaErrorECCUncorrectable|CUDA error: unknown error|\bNVRM\b|"
+                 r"failed \(exitcode: -9\)|exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")),
+    (NETWORK, _lazy(r"Watchdog caught collective operation timeout|ProcessGroupNCCL[^\n]*[Tt]imeout|"
+                    r"NCCL (?:WARN|[Ee]rror)|nccl(?:System|Remote|Internal)Error|DistNetworkError|"
+                    r"DistBackendError|Connection closed by peer|Connection reset by peer|"
+                    r"Connection refused[^\n]*(?:rendezvous|[Ss]tore|gloo|nccl|c10d)|"
+                    r"Rendezvous(?:Timeout|Connection|Closed)Error|gloo[^\n]*[Tt]imed out|"
+                    r"[Tt]imed out[^\n]*(?:gloo|collective|rendezvous|barrier|allreduce|all_reduce|TCPStore)|"
+                    r"Socket Timeout|NET/OFI|libfabric|\bfi_\w+ failed|\bEFA\b[^\n]*(?:[Ee]rror|[Ff]ail)")),
+    (CONFIG, _lazy(r"ModuleNotFoundError|No module named|CUDA driver version is insufficient|"
+                   r"Invalid feature specification|CannotPullContainerError|MISCONFIGURATION|"
+                   r"command not found")),
+    (DATA, _lazy(r"No space left on device|Input/output error|Stale file handle|Read-only file system|"
+                 r"Disk quota exceeded|CorruptBlobError|CheckpointError")),
 ]
-_ENGINE_OOM = re.compile(r"out of memory|OutOfMemory|\boom\b|memory usage", _I)
-_ENGINE_NODE = re.compile(r"node fail|failed to boot|\blost\b|Host EC2|instance[^;]*terminated|NODE_FAIL|"
-                          r"not responding|unreachable|CannotStartContainer|DockerTimeout|Task failed to start|"
-                          r"JobLaunchFailure|launch fail|ResourceInitializationError", _I)
-_ENGINE_TIME = re.compile(r"time limit|timed out|deadline|duration exceeded", _I)
-_ENGINE_CONFIG = re.compile(r"MISCONFIGURATION|CannotPullContainer|Invalid feature|CannotInspectContainer", _I)
-_STOKER_FRAME = re.compile(r'[/\\]stoker[/\\](?:runtime|features|flow|store|backends|distributed|client|cards|cli|'
-                           r'runner|_\w+|errors|exitstatus|redact)[/\\.]')
-_LIB_FRAME = re.compile(r"[/\\]lib[/\\](?:python3?[\d.]*|pypy[\d.]*)[/\\]|^<frozen |^<string>")
+_ENGINE_OOM = _lazy(r"out of memory|OutOfMemory|\boom\b|memory usage", _I)
+_ENGINE_NODE = _lazy(r"node fail|failed to boot|\blost\b|Host EC2|instance[^;]*terminated|NODE_FAIL|"
+                     r"not responding|unreachable|CannotStartContainer|DockerTimeout|Task failed to start|"
+                     r"JobLaunchFailure|launch fail|ResourceInitializationError", _I)
+_ENGINE_TIME = _lazy(r"time limit|timed out|deadline|duration exceeded", _I)
+_ENGINE_CONFIG = _lazy(r"MISCONFIGURATION|CannotPullContainer|Invalid feature|CannotInspectContainer", _I)
+_STOKER_FRAME = _lazy(r'[/\\]stoker[/\\](?:runtime|features|flow|store|backends|distributed|client|cards|cli|'
+                      r'runner|_\w+|errors|exitstatus|redact)[/\\.]')
+_LIB_FRAME = _lazy(r"[/\\]lib[/\\](?:python3?[\d.]*|pypy[\d.]*)[/\\]|^<frozen |^<string>")
 _PREFIX = r"(?:\[[^\]\n]*\]:?\s*)?"  # a rank's prefix, e.g. "[rank1]: " or "[default0]:"
-_FRAME = re.compile(rf'^{_PREFIX}\s*File "([^"]+)", line \d+', re.MULTILINE)
-_EXC_LINE = re.compile(rf"^{_PREFIX}(?:[\w.]+\.)?(\w+(?:Error|Exception|Interrupt|Exit))\b:? ?(.*)$", re.MULTILINE)
+_FRAME = _lazy(rf'^{_PREFIX}\s*File "([^"]+)", line \d+', re.MULTILINE)
+_EXC_LINE = _lazy(rf"^{_PREFIX}(?:[\w.]+\.)?(\w+(?:Error|Exception|Interrupt|Exit))\b:? ?(.*)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)

@@ -313,7 +313,7 @@ def _bind_backends(flow_cls: type, graph: FlowGraph, router: Router, store: Blob
     used = {router(n.name).name: router(n.name) for n in graph}
     for b in used.values():
         if isinstance(b, InProcessBackend):  # it forks members: they run this entrypoint
-            b.bind(lambda spec: run_task(flow_cls, spec, store, graph), preload)
+            b.bind(lambda spec: run_task(flow_cls, spec, store, graph), lambda: preload(flow_cls))
     first = router("start")
     if not isinstance(first, InProcessBackend):
         return []

@@ -7,7 +7,6 @@ the blob store and never touches the metadata database.
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -94,7 +93,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     call = hooks.decorate(call)
     _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
     ctx.manifest = manifest = spec.manifest_head(started)  # hooks see it as a dict (Manifest's item access)
-    manifest.python_version = platform.python_version()  # Metaflow's task metadata `python_version`
+    manifest.python_version = sys.version.split()[0]  # Metaflow's task metadata `python_version` (platform's)
     code = _run_step(ctx, hooks, manifest, call, graph)
     artifacts = dict(ctx.flow.__dict__["_inherited"])
     if code == 0:
@@ -215,15 +214,17 @@ def _save_artifacts(ctx: TaskContext, manifest: Manifest, artifacts: dict[str, d
         return 1
 
 
-def preload() -> None:
+def preload(flow_cls: type[FlowSpec] | None = None) -> None:
     """Import what :func:`run_task` imports on first use (the hooks of every task: ~10 ms) and find the temp folder
     (``gettempdir`` writes a probe file), in a fork server before it forks its members: once, instead of once per
     task."""
     import faulthandler  # noqa: F401
 
+    from stoker._hashing import preferred_algo
     from stoker.features.hooks import preload as preload_hooks
 
-    preload_hooks()
+    preload_hooks(flow_cls)
+    preferred_algo()  # imports blake3 (a compiled module: ~1 ms a task otherwise)
     tempfile.gettempdir()
 
 

@@ -9,7 +9,6 @@ import hashlib
 import io
 import os
 import re
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -207,7 +206,7 @@ class ObjectStore(ABC):
         ``error``. With ``algo`` (``sha256`` or ``blake3``) the content key of what landed is returned (hashed
         while the ranges land where the store can), for the caller to check."""
         path = os.fspath(path)
-        tmp = f"{path}.{uuid.uuid4().hex[:8]}.part"
+        tmp = f"{path}.{os.urandom(4).hex()}.part"  # (not uuid: it imports platform, ~2 ms of every start)
         if sha256 is not None:
             algo = key_algo(sha256) or SHA256
         got = None
