@@ -1,6 +1,10 @@
-"""@catch: tasks whose process died (SIGKILL, a segfault) are caught too, and the flow goes on."""
+"""@catch: tasks whose process died (SIGKILL, a segfault) are caught too, a gang node killed included, and the flow
+goes on."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +61,22 @@ def test_crashed_task_log_says_why(both, request):
             got, check=lambda v: "Task failed" in v["killed"] and "segmentation fault" in v["segv"])
     assert "killed by signal SIGKILL" in got["stoker"]["killed"] and "SIGSEGV" in got["stoker"]["segv"]
     assert "Fatal Python error: Segmentation fault" in got["stoker"]["segv"]  # faulthandler: where it crashed
+
+
+def test_catch_killed_gang_node(both, engines, request):
+    """A gang node SIGKILLed on every attempt: @catch records the failure and the flow goes on. Metaflow's local gang
+    catches it in its control task ("Subprocess failed, return code -9") and its join sees that task alone; stoker's
+    gang falls back as one (each node records FailureHandledByCatch), so its join sees every node, each caught."""
+    # Metaflow's local gang runs its other nodes with the `python` on PATH: make it the engine's own
+    path = os.pathsep.join([str(Path(engines["metaflow"].python).parent), os.environ.get("PATH", "")])
+    runs = both("gang_catch_flow.py", env={"PATH": path})
+    compare(request, "exit status", {n: r.proc.returncode for n, r in runs.items()}, 0)
+    got = {n: r.client('''
+        from metaflow import Flow
+        run = Flow("GangCatchFlow").latest_run
+        result = {"successful": run.successful, "all_caught": run["join"].task.data.all_caught,
+                  "inputs": run["join"].task.data.inputs_seen}
+    ''') for n, r in runs.items()}
+    compare(request, "the run succeeded and every input of the join has the failure in `failure`", got,
+            check=lambda v: v["successful"] and v["all_caught"] and v["inputs"] >= 1)
+    assert got["metaflow"]["inputs"] == 1 and got["stoker"]["inputs"] == 2, got  # the documented difference

@@ -288,3 +288,51 @@ if __name__ == "__main__":
     assert time.time() - t0 < 30 and "branch b fails" in p.stdout + p.stderr
     run = Flow("GangBranchFlow").latest_run
     assert run.status == "failed"
+
+
+GANG_NODE_ENDS_WELL = '''
+import signal, sys, time
+from stoker import FlowSpec, current, parallel, retry, step
+
+class LateNodeFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.g, num_parallel=2)
+
+    @retry(times=1, minutes_between_retries=0)
+    @parallel
+    @step
+    def g(self):
+        if current.parallel.node_index == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it ends well after the gang's stop reached it
+            time.sleep(1.5)
+        elif current.retry_count == 0:
+            time.sleep(0.3)
+            sys.exit(1)
+        self.node = current.parallel.node_index
+        self.next(self.join)
+
+    @step
+    def join(self, inputs):
+        self.nodes = sorted(i.node for i in inputs)
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+if __name__ == "__main__":
+    LateNodeFlow()
+'''
+
+
+def test_a_gang_node_that_ends_well_after_another_failed_still_gets_the_gang_retried(tmp_path):
+    """Node 1 fails; node 0 is stopped but ends well (its step ignores SIGTERM) after node 1's failure: the gang is
+    retried as one (it once ended the run as failed, with no message and no retry)."""
+    flow = tmp_path / "late_node.py"
+    flow.write_text(GANG_NODE_ENDS_WELL)
+    p = run_flow(flow, "run", cwd=tmp_path, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = Flow("LateNodeFlow").latest_run
+    assert run.successful and run["join"].task.data.nodes == [0, 1]
+    assert "the gang retry 1 of 1" in p.stdout + p.stderr

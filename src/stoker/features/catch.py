@@ -4,7 +4,10 @@ In the task, once the step's last attempt raises (`ctx.last_attempt`), the excep
 CaughtException and the flow goes on to the step's successors without its artifacts; after a success `var` is
 None. When the step's attempts are spent and the last did not end in a caught exception (its process died), the
 run gives it up to FALLBACK_ATTEMPTS fallback attempts (`fallback_attempts`) that do not run the step: they raise
-FailureHandledByCatch, which is stored the same way (as Metaflow). Not on foreach, gang or switch steps.
+FailureHandledByCatch, which is stored the same way (as Metaflow). A gang falls back as one: when a node died (its
+process killed, its host lost) and the gang's attempts are spent, every node's fallback attempt records the failure
+and the join sees each node with `var` set (Metaflow's local gang: its control task catches "Subprocess failed"
+and the join sees that one task). Not on a step that splits (foreach, num_parallel, switch).
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ class Attribution:
 
     def _catches(self, unit: list[Any], first: Any) -> bool:
         """Whether a decorator (@catch) handles the step's last failure: then every attempt runs, as Metaflow's."""
-        if self.flow_cls is None or self.graph is None or len(unit) != 1 or first.gang:
+        if self.flow_cls is None or self.graph is None or (len(unit) != 1 and not first.gang):
             return False
         return fallback_attempts(getattr(self.flow_cls, first.step), self.graph[first.step].kind)[0] > 0
 

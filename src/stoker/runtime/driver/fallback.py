@@ -30,10 +30,11 @@ def crash_note(code: int, why: str | None = None) -> str:
 
 
 def fallback_note(flow_cls: type, kind: str, unit: list[Any], first: Any) -> str:
-    """What the run prints when a failed unit gets a fallback attempt, else "": one non-gang task of a step whose
-    decorators offer fallback attempts for its kind of graph node (`kind`), its own attempts spent, fewer
-    fallbacks so far than offered."""
-    if len(unit) != 1 or first.gang:
+    """What the run prints when a failed unit gets a fallback attempt, else "": one task, or one gang (its nodes
+    fall back together: each records the failure, as Metaflow's control task does when a node of its gang dies),
+    of a step whose decorators offer fallback attempts for its kind of graph node (`kind`), its own attempts spent,
+    fewer fallbacks so far than offered."""
+    if len(unit) != 1 and not first.gang:
         return ""
     n, note = fallback_attempts(getattr(flow_cls, first.step), kind)
     return note if n and first.max_attempts <= first.attempt + 1 < first.max_attempts + n else ""

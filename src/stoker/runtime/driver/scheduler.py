@@ -489,6 +489,8 @@ class Scheduler:
             self._index_ops.append(("ingest", m))
             self.display.count("done")
             if t.gang and not all(g.state == "ok" for g in self._gang(t)):
+                if t.gang in self.gang_failures:  # another node failed first: this one ended well before its stop
+                    self._gang_failed(t)  # came, and may be the last: the gang is retried or fails now
                 return
             for g in self._gang(t) if t.gang else [t]:
                 self._successors(g)
