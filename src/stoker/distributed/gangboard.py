@@ -180,10 +180,11 @@ class GangBoard:
             return None
 
     # -- members -------------------------------------------------------------------------------------------------
-    def announce(self, member: int, addr: str, host: str, state: str) -> None:
-        """Member `member` is up at `addr` (`standby`: a spare waiting; `active`: running a slot)."""
+    def announce(self, member: int, addr: str, host: str, state: str, why: str | None = None) -> None:
+        """Member `member` is up at `addr` (`standby`: a spare waiting; `active`: running a slot; `unfit`: a spare
+        whose preflight checks failed, `why`: never given a slot)."""
         self._write(f"member-{member}.json", {"member": member, "addr": addr, "host": host, "state": state,
-                                               "at": time.time()})
+                                               "at": time.time(), **({"why": why} if why else {})})
 
     def member(self, member: int) -> dict[str, Any] | None:
         data = self._read(f"member-{member}.json")

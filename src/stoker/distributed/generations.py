@@ -90,12 +90,14 @@ class GangLink:
                                   f"{self.wait_s:.0f} s: the driver posts it when it submits the gang")
             time.sleep(self.poll_s)
 
-    def publish_warmup(self, staged: list[Any], neuron_prefix: str | None, store_url: str | None) -> None:
-        """Tell the spares what this node prepared (runtime/member/standby.py does it too); best effort."""
+    def publish_warmup(self, staged: list[Any], neuron_prefix: str | None, store_url: str | None,
+                       preflight: dict[str, Any] | None = None) -> None:
+        """Tell the spares what this node prepared (runtime/member/standby.py does it too) and, with the preflight
+        on, what its local checks need (distributed/preflight.local_checks); best effort."""
         try:
             if self.board.warmup() is None:
                 self.board.publish_warmup({"stage": [s.url for s in staged], "neuron_cache": neuron_prefix,
-                                           "store_url": store_url})
+                                           "store_url": store_url, "preflight": preflight})
         except Exception as e:  # noqa: BLE001 - the spares then prepare when they are needed
             print(f"stoker: could not tell the spares what to prepare ({e})", file=sys.stderr, flush=True)
 

@@ -403,6 +403,40 @@ def _tail(text: str, n: int = 300) -> str:
     return t[-n:] if t else "(no output)"
 
 
+def local_checks(doc: Mapping[str, Any], *, node: int, data_paths: Sequence[str] = (), cwd: str | None = None,
+                 env: Mapping[str, str] | None = None, out: Callable[[str], None] | None = None) -> float:
+    """The node-local checks of a gang's preflight (1-5: accelerators, EFA, imports, staged data, disk; not the
+    all_reduce, which needs the others), as a hot spare runs them while it waits, from what node 0 published
+    (`local_doc`): so a spare that could not run the training is known before it is needed, never chosen, and one
+    that passed joins without a preflight. `cwd`: where a relative script entrypoint is (the code package).
+    Seconds it took; raises PreflightError."""
+    from stoker.distributed.accel import node_env
+
+    request = dict(doc.get("request") or {})
+    entry, module = str(doc.get("entrypoint") or ""), doc.get("module")
+    is_module = module if module is not None else not entry.endswith(".py")
+    if entry and not is_module and cwd and not os.path.isabs(entry):
+        entry = os.path.join(cwd, entry)
+    env = dict(os.environ if env is None else env)
+    env.update({k: v for k, v in node_env(request, env).items() if k not in env})  # as the node's task will have
+    check = Preflight(node=node, nnodes=int(doc.get("nnodes") or 2), request=request, entrypoint=entry,
+                      module=module, neuron=bool(doc.get("neuron")), data_paths=[*(doc.get("paths") or []),
+                                                                                *data_paths],
+                      env=env, allreduce_command=None, dev_dir=env.get("STOKER_DEV_DIR") or DEV_DIR,
+                      **({"out": out} if out is not None else {}))
+    return check(0)
+
+
+def local_doc(helper: Any, entrypoint: str, module: bool | None, env: Mapping[str, str], *,
+              asked: bool | None = None, paths: Sequence[str] = ()) -> dict[str, Any] | None:
+    """What a spare needs to run :func:`local_checks` as this node runs :func:`gate` (None: the preflight is off);
+    the staged data is the spare's own (it stages the same inputs)."""
+    if not enabled(helper.nnodes, asked, env):
+        return None
+    return {"request": dict(helper.request), "entrypoint": entrypoint, "module": module,
+            "neuron": bool(helper.uses_neuron()), "nnodes": helper.nnodes, "paths": list(paths)}
+
+
 def gate(helper: Any, entrypoint: str, module: bool | None, nproc: int, env: Mapping[str, str], *,
          asked: bool | None = None, paths: Sequence[str] = ()) -> float | None:
     """The preflight of a @torchrun node (a `distributed.torchrun.TorchrunHelper`), when it is on (`enabled`):

@@ -294,13 +294,16 @@ class TorchrunHelper:
         sync = self._cache_sync(child_env) if neuron else None
         if sync:
             sync("fetch")
-        if self.gang is not None and self.node_rank == 0:  # what the spares get ready while they wait
-            self.gang.publish_warmup(self.staged, self.neuron_cache if sync else None, self.store_url)
-        from stoker.distributed.preflight import gate
+        from stoker.distributed.preflight import gate, local_doc
+
+        if self.gang is not None and self.node_rank == 0:  # what the spares get ready (and check) while they wait
+            self.gang.publish_warmup(self.staged, self.neuron_cache if sync else None, self.store_url,
+                                     local_doc(self, entrypoint, module, child_env, asked=preflight,
+                                               paths=preflight_paths))
 
         if self.gang is not None and self.gang.joining():
-            print("torchrun: preflight skipped: this spare joins a running gang (its checks would wait for the "
-                  "others' all_reduce)", flush=True)
+            print("torchrun: preflight skipped: this spare joins a running gang (it ran the local checks while it "
+                  "waited; the all_reduce would wait for the others)", flush=True)
         else:
             with timed_phase("preflight"):
                 gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)

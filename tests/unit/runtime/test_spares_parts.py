@@ -208,3 +208,48 @@ def test_a_waiting_spare_prepares_what_node_0_prepared(store, tmp_path, capsys):
     assert wait_for_slot(specs(2, store.url), ident, 1, board, 0.02) is None
     time.sleep(0.3)
     assert "spare warm-up:" in capsys.readouterr().err
+
+
+def test_a_spare_runs_the_preflights_local_checks_while_it_waits(store, tmp_path, capsys):
+    """warm.json carries what node 0's preflight checks: the spare checks the entrypoint's imports (a relative script
+    found in its code package) and the data it staged. One that fails says `unfit` (and why) and is never given a
+    slot; the driver says why it had no spare."""
+    from stoker.runtime.member.standby import warm_up
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "train.py").write_text("import json\n")
+    (pkg / "broken.py").write_text("import no_such_module_here\n")
+    verdict: dict = {}
+    lines = warm_up({"stage": [], "preflight": {"entrypoint": "train.py", "nnodes": 2}}, member=2,
+                    package=str(pkg), verdict=verdict)
+    assert lines == ["preflight ok"] and not verdict
+    assert "stoker: spare preflight: node 2" in capsys.readouterr().err
+    lines = warm_up({"stage": [], "preflight": {"entrypoint": "broken.py", "nnodes": 2}}, member=2,
+                    package=str(pkg), verdict=verdict)
+    assert lines[-1].startswith("unfit") and "no_such_module_here" in verdict["unfit"]
+    assert "member 2 is not fit to take a node" in capsys.readouterr().err
+
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    board.post(Generation(0, [0, 1]))
+    board.publish_warmup({"stage": [], "preflight": {"entrypoint": "broken.py", "nnodes": 2}})
+    ident = NodeIdentity(member=2, num_nodes=3, main_addr="127.0.0.1")
+    t = threading.Thread(target=wait_for_slot, args=(specs(2, store.url), ident, 1, board, 0.02),
+                         kwargs={"package": str(pkg)}, daemon=True)
+    t.start()
+    deadline = time.time() + 20
+    while (board.member(2) or {}).get("state") != "unfit" and time.time() < deadline:
+        time.sleep(0.05)
+    rec = board.member(2)
+    assert rec["state"] == "unfit" and "no_such_module_here" in rec["why"]
+    board.end("done")
+    t.join(timeout=5)
+
+
+def test_an_unfit_spare_is_not_chosen(store):
+    spares, unit, ref, tasks, said = _gang(store)
+    GangBoard.of(store, "F", "1", "train", "10", 0).announce(2, "10.0.0.3", "n3", "unfit", why="no GPUs here")
+    status = JobStatus(RUNNING, members={0: JobStatus(RUNNING), 1: JobStatus(EXITED, exit_code=-9),
+                                         2: JobStatus(RUNNING)})
+    spares.check(ref, tasks, status, time.time())
+    assert tasks[1].member == 1 and "no spare left (member 2 is unfit: no GPUs here)" in said[-1]

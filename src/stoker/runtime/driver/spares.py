@@ -99,7 +99,7 @@ class Spares:
                 if t.member not in g.told:  # once; the gang fails as without spares (lostnodes.watch_gang)
                     g.told.add(t.member)
                     self.say(f"gang {t.step}: node {t.parallel.node_index} (member {t.member}) {lost[0]}; no spare "
-                             f"left: the gang fails as one", "bold red")
+                             f"left{self._unfit(g)}: the gang fails as one", "bold red")
                 self.watch.checked.pop(ref.job_id, None)  # the heartbeat watch judges it again in this pass
                 return
             self._replace(g, t, spare, lost, ref)
@@ -149,17 +149,26 @@ class Spares:
             return True
 
     def _spare(self, g: _Gang, status: JobStatus, now: float) -> int | None:
-        """A live spare member not used yet, in the engine's order (member 0 last where it is kept for last)."""
+        """A live spare member not used yet and not unfit, in the engine's order (member 0 last where it is kept for
+        last)."""
         order = [m for m in range(g.members) if m not in g.used and m != 0] + ([0] if 0 not in g.used else [])
         for m in order:
             if status.member(m).state == EXITED:
                 continue
-            if g.remote:
-                rec = g.board.member(m) or {}
-                if rec.get("state") != "standby" or time.time() - float(rec.get("at") or 0) > SPARE_FRESH_S:
-                    continue
+            rec = g.board.member(m) or {}
+            if rec.get("state") == "unfit":  # its preflight checks failed while it waited (runtime/member/standby.py)
+                continue
+            if g.remote and (rec.get("state") != "standby" or time.time() - float(rec.get("at") or 0) > SPARE_FRESH_S):
+                continue
             return m
         return None
+
+    @staticmethod
+    def _unfit(g: _Gang) -> str:
+        """` (member 2 is unfit: its preflight ...)` for the spares whose checks failed, else ""."""
+        unfit = [(m, rec.get("why") or "its preflight checks failed") for m in range(g.members) if m not in g.used
+                 and (rec := g.board.member(m) or {}).get("state") == "unfit"]
+        return "".join(f" (member {m} is unfit: {why})" for m, why in unfit)
 
     def _replace(self, g: _Gang, t: Any, spare: int, lost: tuple[str, float, str], ref: JobRef) -> None:
         why, at, host = lost

@@ -123,7 +123,8 @@ class LogShipper:
                 print(f"stoker: could not upload the {stream} log: {e}", file=sys.stderr)
 
 
-def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine = GENERIC) -> TaskSpec:
+def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine = GENERIC,
+                package: str | None = None) -> TaskSpec:
     """This member's TaskSpec from the unit spec document, its gang position filled from the engine. A spare of a
     gang with spares (`doc["spares"]`) waits here until it is given a node (runtime/member/standby.py); one that is
     never needed exits 0 from here."""
@@ -142,7 +143,7 @@ def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine
             slot = first.index(ident.member)
             announce(typed, ident, "active")  # where a next generation's rendezvous can reach it
         else:
-            slot = wait_for_slot(typed, ident, spares)
+            slot = wait_for_slot(typed, ident, spares, package=package)
         if slot is None:
             raise SystemExit(0)  # a spare the gang did not need: nothing of any task is written
         return slot_spec(typed, slot, ident, spares)
@@ -172,7 +173,7 @@ def run_member(store_url: str, code_key: str, spec_key: str, engine: NodeEngine 
     with timed_phase("code_package"):  # first: a spare waits warm (runtime/member/standby.py)
         pkg = unpack_package(store, code_key)
     waiting = time.time()
-    spec = member_spec(doc, engine=engine)
+    spec = member_spec(doc, engine=engine, package=str(pkg))
     waited = time.time() - waiting if doc.get("spares") else 0.0  # a spare's wait is not set-up time
     if beat is not None:  # a gang node beats from now on (the caller writes its last beat: runtime/member/heartbeat.py)
         beat.start(store, spec, node_identity(engine=engine).host)

@@ -2,10 +2,12 @@
 gives it a lost node's slot (distributed/gangboard.py), then runs that slot's task like any node.
 
 While it waits it prepares what node 0 prepared before training (`gang/warm.json`: the inputs it staged go into this
-node's stage cache, the Neuron compile cache is fetched), and it rewrites `gang/member-<m>.json` every two seconds
-(its address and host; the driver takes a spare whose record is fresh, runtime/driver/spares.py). It leaves when the
-gang is over (`gang/end.json`): exit 0, no task, no manifest. A spare never writes anything of a task it was not
-given.
+node's stage cache, the Neuron compile cache is fetched), then runs the preflight's local checks on what it prepared
+(devices, EFA, the entrypoint's imports, the staged data, disk: distributed/preflight.local_checks), and it rewrites
+`gang/member-<m>.json` every two seconds (its address, host and state; the driver takes a spare whose record is fresh
+and says `standby`, runtime/driver/spares.py). A spare whose checks fail says `unfit` (and why) instead: it is never
+given a slot. It leaves when the gang is over (`gang/end.json`): exit 0, no task, no manifest. A spare never writes
+anything of a task it was not given.
 """
 
 from __future__ import annotations
@@ -51,22 +53,28 @@ def announce(specs: list[TaskSpec], ident: NodeIdentity, state: str) -> None:
 
 
 def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board: GangBoard | None = None,
-                  poll_s: float = POLL_S) -> int | None:
-    """Wait as a spare until a generation gives this member a slot (returned), or the gang ends (None)."""
+                  poll_s: float = POLL_S, package: str | None = None) -> int | None:
+    """Wait as a spare until a generation gives this member a slot (returned), or the gang ends (None). `package`:
+    the unpacked code package (where the preflight finds a script entrypoint)."""
     board = board or board_for(specs[0])
     addr, host = own_addr(ident), ident.host or _hostname()
     print(f"stoker: spare member {ident.member} of {specs[0].flow}/{specs[0].run_id}/{specs[0].step} waiting "
           f"({addr})", file=sys.stderr, flush=True)
     announced = 0.0
     warming: threading.Thread | None = None
+    verdict: dict[str, str] = {}
     while True:
         if warming is None and (todo := board.warmup()) is not None:  # node 0 staged, fetched: do it too, meanwhile
-            warming = threading.Thread(target=warm_up, args=(todo,), name="stoker-spare-warmup", daemon=True)
+            warming = threading.Thread(target=warm_up, args=(todo,), name="stoker-spare-warmup", daemon=True,
+                                       kwargs={"member": ident.member, "package": package, "verdict": verdict})
             warming.start()
         now = time.monotonic()
+        if "unfit" in verdict and verdict.get("said") != "yes":
+            announced, verdict["said"] = 0.0, "yes"  # say it now
         if now - announced >= ANNOUNCE_EVERY_S:
             try:
-                board.announce(ident.member, addr, host, "standby")
+                board.announce(ident.member, addr, host, "unfit" if "unfit" in verdict else "standby",
+                               **({"why": verdict["unfit"]} if "unfit" in verdict else {}))
             except Exception as e:  # noqa: BLE001 - a silent spare is not chosen; it tries again
                 print(f"stoker: spare could not announce itself ({e})", file=sys.stderr, flush=True)
             announced = now
@@ -83,17 +91,22 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
 
 
 def warm_up(todo: dict, stage_fn: Callable[[str], Any] | None = None,
-            fetch_fn: Callable[[str, str], Any] | None = None) -> list[str]:
+            fetch_fn: Callable[[str, str], Any] | None = None, *, member: int = -1, package: str | None = None,
+            verdict: dict[str, str] | None = None) -> list[str]:
     """Prepare what node 0 prepared (`warm.json`): stage its inputs into this node's stage cache (the task's own
-    staging then finds them there) and fetch the Neuron compile cache. Best effort: what fails is said and left
-    for the task to do. Returns what it did, one line each."""
+    staging then finds them there) and fetch the Neuron compile cache; then, with the preflight on (`preflight` in
+    `warm.json`), run its local checks on this node. Staging and fetching are best effort: what fails is said and
+    left for the task to do. A failed check puts `unfit` (the problem and the fix) in `verdict`. Returns what it
+    did, one line each."""
     done: list[str] = []
+    paths: list[str] = []
     for url in todo.get("stage") or []:
         try:
             if stage_fn is None:
                 from stoker.distributed.stage import stage
 
                 staged = stage(url)
+                paths.append(staged.path)
                 done.append(staged.summary())
             else:
                 done.append(str(stage_fn(url)))
@@ -115,7 +128,30 @@ def warm_up(todo: dict, stage_fn: Callable[[str], Any] | None = None,
             done.append(f"the Neuron compile cache could not be fetched ({e}); the task fetches it when it runs")
     for line in done:
         print(f"stoker: spare warm-up: {line}", file=sys.stderr, flush=True)
+    if todo.get("preflight"):
+        done.append(_check(todo["preflight"], member, paths, package, verdict))
     return done
+
+
+def _check(doc: dict, member: int, paths: list[str], package: str | None, verdict: dict[str, str] | None) -> str:
+    """The preflight's local checks on this spare (distributed/preflight.local_checks): its line; a failure goes
+    into `verdict["unfit"]`."""
+    from stoker.distributed.preflight import PreflightError, local_checks
+
+    def say(line: str) -> None:
+        print(f"stoker: spare {line}", file=sys.stderr, flush=True)
+
+    try:
+        local_checks(doc, node=member, data_paths=paths, cwd=package, out=say)
+    except PreflightError as e:
+        if verdict is not None:
+            verdict["unfit"] = str(e)
+        say(f"member {member} is not fit to take a node and will not be given one: {e}")
+        return f"unfit: {e}"
+    except Exception as e:  # noqa: BLE001 - a check that could not run: said, the spare stays
+        say(f"preflight: the local checks could not run ({type(e).__name__}: {e})")
+        return "preflight not run"
+    return "preflight ok"
 
 
 def _hostname() -> str:
