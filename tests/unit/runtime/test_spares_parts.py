@@ -253,3 +253,34 @@ def test_an_unfit_spare_is_not_chosen(store):
                                          2: JobStatus(RUNNING)})
     spares.check(ref, tasks, status, time.time())
     assert tasks[1].member == 1 and "no spare left (member 2 is unfit: no GPUs here)" in said[-1]
+
+
+def test_a_spare_that_takes_a_node_keeps_the_lost_members_log(store, tmp_path):
+    """The lost member shipped two chunks of its stderr; the spare running the same attempt ships after them, and its
+    whole log starts with them and says who took over (a real LogShipper on fd 1 and 2, in a child process)."""
+    import subprocess
+    import sys
+
+    from stoker.runtime.member.node import part_name
+    from stoker.store.manifest import log_name
+
+    name = log_name("F", "1", "train", "11", 0, "stderr")
+    store.write(part_name(name, 1), b"lost member: step 1\n")
+    store.write(part_name(name, 2), b"lost member: step 2\n")
+    code = f"""
+import sys
+from dataclasses import replace
+from stoker.runtime.member.node import LogShipper
+from stoker.runtime.spec import GangSlot, TaskSpec
+from stoker.store.blobs import open_store
+slot = GangSlot.gang(2, "10")[1].with_spares(1, 2)
+spec = TaskSpec(flow="F", run_id="1", step="train", task_id="11", store_url={store.url!r}, parallel=slot)
+ship = LogShipper(open_store({store.url!r}), spec)
+print("spare: resumed", file=sys.stderr, flush=True)
+ship.close()
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert store.read(name) == (b"lost member: step 1\nlost member: step 2\nstoker: member 2 takes node 1 over; the "
+                                b"lines above are the lost member's\nspare: resumed\n")
+    assert not store.exists(part_name(name, 1)) and not store.exists(part_name(name, 3))

@@ -45,7 +45,10 @@ def part_name(log: str, seq: int) -> str:
 
 class LogShipper:
     """Tees fd 1 and 2 (this process and every child, torchrun's workers included) to the original streams
-    and to the store: chunks while the task runs, the whole log when it ends."""
+    and to the store: chunks while the task runs, the whole log when it ends.
+
+    A spare that takes a lost member's node runs the same task attempt: the chunks the lost member shipped are kept
+    (its numbering goes on after them) and its whole log starts with them, then a line saying who took over."""
 
     def __init__(self, store: BlobStore, spec: TaskSpec) -> None:
         self.store = store
@@ -53,7 +56,12 @@ class LogShipper:
                       for s in ("stdout", "stderr")}
         self.buf = {s: bytearray() for s in self.names}  # not uploaded yet (memory stays bounded)
         self.spill = {s: tempfile.TemporaryFile() for s in self.names}  # the whole log, for the final upload
-        self.seq = dict.fromkeys(self.names, 0)
+        par = spec.parallel
+        takeover = par is not None and par.spares > 0 and par.member != par.node_index
+        self.earlier = {s: self._shipped(n) if takeover else [] for s, n in self.names.items()}
+        self.handover = (f"stoker: member {par.member} takes node {par.node_index} over; the lines above are the "
+                         f"lost member's\n").encode() if takeover and par is not None else b""
+        self.seq = {s: len(self.earlier[s]) for s in self.names}
         self.lock = threading.Lock()
         self.readers: list[threading.Thread] = []
         self.saved: dict[str, int] = {}
@@ -69,6 +77,16 @@ class LogShipper:
         self.stop = threading.Event()
         self.uploader = threading.Thread(target=self._upload_loop, daemon=True)
         self.uploader.start()
+
+    def _shipped(self, name: str) -> list[str]:
+        """The chunks of `name` already in the store (a lost member's), in order."""
+        found: list[str] = []
+        try:
+            while self.store.exists(part := part_name(name, len(found) + 1)):
+                found.append(part)
+        except Exception:  # noqa: BLE001 - unreadable: this member's own log only
+            pass
+        return found
 
     def _pump(self, r: int, stream: str) -> None:
         while True:
@@ -116,11 +134,20 @@ class LogShipper:
                     self.spill[stream].seek(0)
                     data = self.spill[stream].read()
                     self.spill[stream].close()
+                if self.earlier[stream]:
+                    data = b"".join(self._read_part(p) for p in self.earlier[stream]) + self.handover + data
                 self.store.write(name, data, durable=False)
                 for i in range(1, self.seq[stream] + 1):
                     self.store.delete(part_name(name, i))
             except Exception as e:  # noqa: BLE001
                 print(f"stoker: could not upload the {stream} log: {e}", file=sys.stderr)
+
+    def _read_part(self, part: str) -> bytes:
+        try:
+            data = self.store.read(part)
+        except Exception:  # noqa: BLE001 - a chunk that went missing: the rest is kept
+            return b""
+        return data if data.endswith(b"\n") or not data else data + b"\n"
 
 
 def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine = GENERIC,
