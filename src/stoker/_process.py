@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _PARENT_ONLY_FDS: set[int] = set()  # a forked member closes these: the reaper must see EOF when the run dies
 _LIBC: list = []  # libc, loaded at the first use
 
@@ -173,6 +174,7 @@ def _forked_reaper(r: int, grace: float) -> NoReturn:
     code = 0
     try:
         os.setsid()
+        _set_name(b"stoker-reaper")  # what `ps -o comm` and top show (its command line is the run's)
         os.dup2(r, 0)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 1)
@@ -184,6 +186,17 @@ def _forked_reaper(r: int, grace: float) -> NoReturn:
     except BaseException:  # noqa: BLE001 - nothing of the run may run here
         code = 1
     os._exit(code)
+
+
+def _set_name(name: bytes) -> None:
+    """This process's name in the kernel (PR_SET_NAME, 15 bytes; Linux only)."""
+    if sys.platform.startswith("linux"):
+        try:
+            if not _LIBC:
+                _LIBC.append(ctypes.CDLL("libc.so.6", use_errno=True))
+            _LIBC[0].prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _max_fd() -> int:
