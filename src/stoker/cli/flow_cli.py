@@ -132,14 +132,28 @@ def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[s
 
 def main_program(flow_cls: type) -> Any:
     """`MyFlow()` at the bottom of a flow file: the command line of sys.argv. When the flow file is this process's
-    program (its class in __main__, no debugger or `python -i` waiting for it to end), the process then ends
-    without the interpreter's teardown (errors.end_program)."""
-    if flow_cls.__module__ != "__main__" or sys.flags.inspect or sys.gettrace() is not None:
+    program (`python flow.py ...`: no debugger, profiler, `runpy` wrapper or `python -i` waiting for it to end), the
+    process then ends without the interpreter's teardown (errors.end_program)."""
+    if not _is_the_program(flow_cls):
         return main(flow_cls)
     try:
         return main(flow_cls)
     except SystemExit as e:
         end_program(e.code)
+
+
+def _is_the_program(flow_cls: type) -> bool:
+    """Whether the flow file is what Python was started to run: its class in __main__, and the outermost frame of
+    the stack the module code of __main__ itself (under `python -m cProfile|pdb flow.py` or `runpy.run_path` it is
+    the runner's, which has work to do after the flow ends)."""
+    if flow_cls.__module__ != "__main__" or sys.flags.inspect or sys.gettrace() is not None:
+        return False
+    frame = sys._getframe()
+    while frame.f_back is not None:
+        frame = frame.f_back
+    main_module = sys.modules.get("__main__")
+    return frame.f_code.co_name == "<module>" and frame.f_globals is getattr(main_module, "__dict__", None) \
+        and frame.f_globals.get(flow_cls.__name__) is flow_cls
 
 
 def main(flow_cls: type, argv: list[str] | None = None) -> Any:
