@@ -41,7 +41,6 @@ from stoker.runtime.contract import (
     Unit,
 )
 from stoker.runtime.member import handover
-from stoker.runtime.member.node import member_spec
 from stoker.runtime.spec import TaskSpec
 
 
@@ -373,7 +372,15 @@ class LocalBackend(InProcessBackend):
             def run_member(doc: dict, env: dict[str, str], environ: dict[str, str], w_fds: tuple[int, int]) -> int:
                 return fork_child(env, lambda: entry(member_spec(doc)), w_fds, environ=environ)  # type: ignore[misc]
 
-            self.server = forkserver.ForkServer(run_member, self.preload)
+            preload = self.preload
+
+            def preload_all() -> None:
+                import stoker.runtime.member.node  # noqa: F401  (member_spec: each member's first call)
+
+                if preload is not None:
+                    preload()
+
+            self.server = forkserver.ForkServer(run_member, preload_all)
             self.sel.register(self.server.fileno(), selectors.EVENT_READ, (None, 0, "server"))
         return self.server
 
@@ -424,3 +431,12 @@ class LocalBackend(InProcessBackend):
         member's pipe or pidfd may get (draining that one here would steal its output and close it)."""
         owner = self._owner.get(fd)
         return owner is not None and owner[0] is job and owner[1] == i
+
+
+def member_spec(doc: dict, env: dict[str, str] | None = None) -> TaskSpec:
+    """runtime/member/node.member_spec, imported on first use (the node agent's module: ~5 ms of every run's start
+    that a run whose members the fork server starts never needs here; the server preloads it)."""
+    from stoker.runtime.member.node import member_spec as spec_of
+
+    return spec_of(doc, env)
+

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stoker.distributed.gangboard import GangBoard, Generation, first_slots
-from stoker.distributed.generations import EXIT_REPLACED
 from stoker.runtime.contract import EXITED, JobRef, JobStatus, Unit
 from stoker.runtime.driver.lostnodes import NodeWatch
 from stoker.store.manifest import manifest_name
+
+if TYPE_CHECKING:  # (imported where used: a run without spares never needs them, ~2 ms of its start)
+    from stoker.distributed.gangboard import GangBoard, Generation
 
 SPARE_FRESH_S = 10.0  # a remote spare whose record is older than this is not taken
 READ_BEATS_S = 0.25  # the least seconds between two reads of a gang with spares' heartbeats (one GET per node)
@@ -60,6 +61,8 @@ class Spares:
     def prepare(self, unit: Unit, spares: int, main_node_spare: bool) -> None:
         """Give `unit` (a gang) its spares: each spec's member, the unit's first slots; post generation 0."""
         n = len(unit.specs)
+        from stoker.distributed.gangboard import GangBoard, Generation, first_slots
+
         slots = first_slots(n, spares, main_node_spare)
         unit.spares, unit.first_slots = spares, slots
         unit.specs = [replace(s, parallel=s.parallel.with_spares(spares, slots[i]))  # type: ignore[union-attr]
@@ -71,6 +74,8 @@ class Spares:
     def track(self, ref: JobRef, unit: Unit, remote: bool) -> None:
         """Watch the submitted gang job `ref` of `unit` (prepared)."""
         first = unit.specs[0]
+        from stoker.distributed.gangboard import GangBoard, Generation
+
         board = GangBoard.of(self.store, self.flow, self.run_id, unit.step, first.task_id, first.attempt)
         gen = Generation(0, unit.first_slots)
         self.gangs[ref.job_id] = _Gang(board, len(unit.specs), unit.nodes, remote, gen, used=set(gen.slots))
@@ -127,6 +132,8 @@ class Spares:
     def _lost(self, g: _Gang, t: Any, tasks: list[Any], status: JobStatus, found: Any,
               now: float) -> tuple[str, float, str] | None:
         """(why, when, host) when the member running task `t` is lost, else None."""
+        from stoker.distributed.generations import EXIT_REPLACED
+
         s = status.member(t.member)
         if s.state == EXITED and (fault := g.board.fault(t.member)):
             return f"left: {fault.get('why')}", float(fault.get("at") or now), (s.hosts or ["?"])[0]
@@ -175,6 +182,8 @@ class Spares:
         slot, old = t.parallel.node_index, t.member
         slots = list(g.gen.slots)
         slots[slot] = spare
+        from stoker.distributed.gangboard import Generation
+
         nxt = Generation(g.gen.gen + 1, slots, lost={"slot": slot, "member": old, "host": host, "why": why,
                                                      "at": at}, joined=spare)
         g.board.post(nxt)
