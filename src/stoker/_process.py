@@ -26,15 +26,20 @@ def close_parent_only_fds() -> None:
     _PARENT_ONLY_FDS.clear()
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to signal this process when its parent dies (no-op elsewhere)."""
+def _prctl(option: int, arg: Any) -> None:
+    """Linux's prctl(option, arg) on this process (libc loaded at the first call); a no-op elsewhere."""
     if sys.platform.startswith("linux"):
         try:
             if not _LIBC:
                 _LIBC.append(ctypes.CDLL("libc.so.6", use_errno=True))
-            _LIBC[0].prctl(_PR_SET_PDEATHSIG, sig)
-        except OSError:
+            _LIBC[0].prctl(option, arg, 0, 0, 0)
+        except (OSError, AttributeError):
             pass
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to signal this process when its parent dies (no-op elsewhere)."""
+    _prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def kill_grace(env: dict[str, str] | None = None) -> float:
@@ -174,7 +179,7 @@ def _forked_reaper(r: int, grace: float) -> NoReturn:
     code = 0
     try:
         os.setsid()
-        _set_name(b"stoker-reaper")  # what `ps -o comm` and top show (its command line is the run's)
+        _prctl(_PR_SET_NAME, ctypes.c_char_p(b"stoker-reaper"))  # for `ps -o comm`, top (its args are the run's)
         os.dup2(r, 0)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 1)
@@ -186,17 +191,6 @@ def _forked_reaper(r: int, grace: float) -> NoReturn:
     except BaseException:  # noqa: BLE001 - nothing of the run may run here
         code = 1
     os._exit(code)
-
-
-def _set_name(name: bytes) -> None:
-    """This process's name in the kernel (PR_SET_NAME, 15 bytes; Linux only)."""
-    if sys.platform.startswith("linux"):
-        try:
-            if not _LIBC:
-                _LIBC.append(ctypes.CDLL("libc.so.6", use_errno=True))
-            _LIBC[0].prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
 
 
 def _max_fd() -> int:
