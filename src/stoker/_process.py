@@ -42,6 +42,11 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     _prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def set_process_name(name: str) -> None:
+    """This process's name for `ps -o comm` and top (Linux: 15 characters; its arguments stay as they were)."""
+    _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
+
+
 def kill_grace(env: dict[str, str] | None = None) -> float:
     """Seconds between SIGTERM and SIGKILL when stoker stops a task (`$STOKER_KILL_GRACE`, default 30): long
     enough for a training step to finish and its checkpoint to be committed."""
@@ -73,6 +78,29 @@ def signal_tree(pid: int, sig: int, tree: bool = True) -> None:
                 k.send_signal(sig)
         except Exception:  # noqa: BLE001 - psutil.Error, ProcessLookupError: already gone
             pass
+
+
+def end_program(code: object) -> NoReturn:
+    """End this process with ``code`` (a SystemExit's: None, a number, or a message printed on stderr with 1), as
+    Python's exit does, without its teardown. Only for the process's own program: nothing may run after it."""
+    import atexit
+    import threading
+
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for t in threading.enumerate():  # as Python's exit: the threads it waits for, then the atexit handlers
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            code = code or 128 + 13  # a closed stdout: as SIGPIPE would
+        except (OSError, ValueError, AttributeError):  # closed, or replaced by something without flush
+            pass
+    os._exit(code or 0)
 
 
 class Reaper:
@@ -179,7 +207,7 @@ def _forked_reaper(r: int, grace: float) -> NoReturn:
     code = 0
     try:
         os.setsid()
-        _prctl(_PR_SET_NAME, ctypes.c_char_p(b"stoker-reaper"))  # for `ps -o comm`, top (its args are the run's)
+        set_process_name("stoker-reaper")  # its args are the run's
         os.dup2(r, 0)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 1)

@@ -10,9 +10,9 @@ Every command (`stoker ...`, `python flow.py ...`) runs through :func:`run_cli`:
 ``STOKER_DEBUG=1`` re-raises the first two, with their traceback. Usage errors are argparse's: the usage and one
 ``PROG: error: ...`` line, exit 2.
 
-A flow file run as a program ends through :func:`end_program` (flow_cli.main_program): as Python's own exit (its
-non-daemon threads joined, its atexit handlers run, stdout and stderr flushed), less the interpreter's teardown,
-which frees every module one by one (~15 ms, a tenth of a short flow's run).
+A flow file run as a program ends through `stoker._process.end_program` (flow_cli.main_program): as Python's own
+exit (its non-daemon threads joined, its atexit handlers run, stdout and stderr flushed), less the interpreter's
+teardown, which frees every module one by one (~15 ms, a tenth of a short flow's run).
 """
 
 from __future__ import annotations
@@ -51,29 +51,6 @@ def stdout_gone() -> NoReturn:
     except (OSError, ValueError):  # stdout without a file descriptor (a test's capture)
         pass
     sys.exit(SIGPIPE_EXIT)
-
-
-def end_program(code: object) -> NoReturn:
-    """End this process with ``code`` (a SystemExit's: None, a number, or a message printed on stderr with 1), as
-    Python's exit does, without its teardown. Only for the process's own program: nothing may run after it."""
-    import atexit
-    import threading
-
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    for t in threading.enumerate():  # as Python's exit: the threads it waits for, then the atexit handlers
-        if t is not threading.current_thread() and not t.daemon:
-            t.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BrokenPipeError:
-            code = code or SIGPIPE_EXIT
-        except (OSError, ValueError, AttributeError):  # closed, or replaced by something without flush
-            pass
-    os._exit(code or 0)
 
 
 def run_cli(fn: Callable[[], int | None]) -> Any:

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stoker._process import end_program
 from stoker.cli.argtypes import positive_int
-from stoker.cli.errors import end_program, run_cli
+from stoker.cli.errors import run_cli
 from stoker.cli.guardian import start_guardian
 from stoker.cli.top_options import split_top_options
 from stoker.errors import ConfigError
@@ -133,7 +134,7 @@ def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[s
 def main_program(flow_cls: type) -> Any:
     """`MyFlow()` at the bottom of a flow file: the command line of sys.argv. When the flow file is this process's
     program (`python flow.py ...`: no debugger, profiler, `runpy` wrapper or `python -i` waiting for it to end), the
-    process then ends without the interpreter's teardown (errors.end_program)."""
+    process then ends without the interpreter's teardown (_process.end_program)."""
     if not _is_the_program(flow_cls):
         return main(flow_cls)
     try:

@@ -91,13 +91,16 @@ class GangLink:
             time.sleep(self.poll_s)
 
     def publish_warmup(self, staged: list[Any], neuron_prefix: str | None, store_url: str | None,
-                       preflight: dict[str, Any] | None = None) -> None:
-        """Tell the spares what this node prepared (runtime/member/standby.py does it too) and, with the preflight
-        on, what its local checks need (distributed/preflight.local_checks); best effort."""
+                       preflight: dict[str, Any] | None = None, entry: tuple[str | None, str | None] = (None, None),
+                       ) -> None:
+        """Tell the spares what this node prepared (runtime/member/standby.py does it too), the entrypoint their
+        warm launcher imports (`entry`: module, script), and, with the preflight on, what its local checks need
+        (distributed/preflight.local_checks); best effort."""
         try:
             if self.board.warmup() is None:
                 self.board.publish_warmup({"stage": [s.url for s in staged], "neuron_cache": neuron_prefix,
-                                           "store_url": store_url, "preflight": preflight})
+                                           "store_url": store_url, "preflight": preflight,
+                                           "entry": {"module": entry[0], "script": entry[1]}})
         except Exception as e:  # noqa: BLE001 - the spares then prepare when they are needed
             print(f"stoker: could not tell the spares what to prepare ({e})", file=sys.stderr, flush=True)
 
@@ -197,8 +200,10 @@ class _Watch:
                 self.marker = None
 
 
-def run_generations(helper: Any, link: GangLink, command: Callable[[], list[str]], env: Mapping[str, str]) -> None:
-    """Run torchrun for each generation this node is part of until one succeeds (see the module docstring)."""
+def run_generations(helper: Any, link: GangLink, start: Callable[[dict[str, str], _Watch], None],
+                    env: Mapping[str, str]) -> None:
+    """Run this node's ranks (`start(env, cut_when)`: distributed/warm.py's) for each generation this node is part
+    of until one succeeds (see the module docstring)."""
     gen = link.generation()
     while True:
         slot = gen.slot_of(link.member)
@@ -217,7 +222,7 @@ def run_generations(helper: Any, link: GangLink, command: Callable[[], list[str]
               f"{addr}:{port}", flush=True)
         watch = _Watch(link, gen, marker, evict)
         try:
-            helper._spawn(command(), genv, "torchrun", cut_when=watch)
+            start(genv, watch)
             watch.report()
             return
         except GenerationCut:

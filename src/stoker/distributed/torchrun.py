@@ -296,10 +296,12 @@ class TorchrunHelper:
             sync("fetch")
         from stoker.distributed.preflight import gate, local_doc
 
+        if self.gang is not None:  # its ranks are forked from a warm launcher: its imports start now
+            self._warm(entrypoint, module, child_env)
         if self.gang is not None and self.node_rank == 0:  # what the spares get ready (and check) while they wait
             self.gang.publish_warmup(self.staged, self.neuron_cache if sync else None, self.store_url,
                                      local_doc(self, entrypoint, module, child_env, asked=preflight,
-                                               paths=preflight_paths))
+                                               paths=preflight_paths), entry=_entry(entrypoint, module))
 
         if self.gang is not None and self.gang.joining():
             print("torchrun: preflight skipped: this spare joins a running gang (it ran the local checks while it "
@@ -313,13 +315,20 @@ class TorchrunHelper:
                     self._precompile(entrypoint, args, module, n, child_env, pre)
                 if sync:
                     sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
-            if self.gang is not None:  # a gang with spares: one torchrun per generation (distributed/generations.py)
-                run_generations(self, self.gang, lambda: self.command(entrypoint, args, module, n), child_env)
+            if self.gang is not None:  # a gang with spares: its ranks per generation (distributed/generations.py)
+                run_generations(self, self.gang, lambda genv, cut: self._spawn_warm(entrypoint, args, module, n,
+                                                                                    genv, cut), child_env)
             else:
                 self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
         finally:
             if sync:
                 sync("upload")
+
+    def _warm(self, entrypoint: str, module: bool | None, env: Mapping[str, str]) -> None:
+        """Start this node's warm launcher (a spare's is already running) and its imports of the entrypoint's."""
+        from stoker.distributed.warm import WarmLauncher
+
+        WarmLauncher.get(env, os.getcwd()).preload(*_entry(entrypoint, module))
 
     def _precompile(self, entrypoint: str, args: Any, module: bool | None, n: int, env: dict[str, str],
                     pre: bool | Mapping[str, Any]) -> None:
@@ -367,19 +376,51 @@ class TorchrunHelper:
 
     def _spawn(self, cmd: list[str], env: Mapping[str, str], what: str,
                cut_when: Callable[[], bool] | None = None) -> None:
-        """Run torchrun and wait for it. A SIGTERM to this task (a preemption, a cancel) reaches the workers
-        (stoker.train finishes its step, checkpoints and exits with 75) and torchrun is given
-        $STOKER_KILL_GRACE seconds to end before it is killed. The workers' exit codes come back through
-        $STOKER_EXIT_STATUS_DIR (torchrun itself exits 1 whatever they were): Preempted or a permanent
-        ConfigError is raised for the scheduler to act on. `cut_when`, asked every half second, ends torchrun and its
-        workers at once when it says so (a gang with spares moved to its next generation): GenerationCut is raised."""
-        status_dir = tempfile.mkdtemp(prefix="exit-", dir=current.get("tempdir") or None)
-        env = {**env, exitstatus.ENV: status_dir}
+        """Run torchrun and wait for it (see `_supervise`). torchrun exits 1 whatever its workers' codes were: they
+        come back through $STOKER_EXIT_STATUS_DIR, and its own report of them through its stderr (TorchrunStderr)."""
+        status_dir, env = self._status_env(env)
         print(f"stoker: node {self.node_rank} runs: {redact_command(cmd)}", flush=True)  # the error only names it
         grace = kill_grace(env)
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace))))  # torchrun's own wait
         proc = subprocess.Popen(cmd, env=dict(env), preexec_fn=die_with_parent, stderr=subprocess.PIPE)
         report = TorchrunStderr(proc.stderr)  # type: ignore[arg-type]  # its end-of-workers report: see finish()
+        self._supervise(_Torchrun(proc), report, status_dir, grace, what, _short(cmd), cut_when)
+
+    def _spawn_warm(self, entrypoint: str, args: Any, module: bool | None, n: int, env: Mapping[str, str],
+                    cut_when: Callable[[], bool] | None = None) -> None:
+        """Fork this node's `n` ranks from its warm launcher (distributed/warm.py: a gang with spares) and wait for
+        them as for torchrun (`_supervise`)."""
+        from stoker.distributed.warm import WarmLauncher, rank_env
+
+        mod, script = _entry(entrypoint, module)
+        status_dir, env = self._status_env(env)
+        argv = _args_list(args)
+        shown = redact_command([*(["-m", mod] if mod else [str(script)]), *argv])
+        warm = WarmLauncher.get(env, os.getcwd())
+        t0 = time.monotonic()
+        ranks = warm.launch(module=mod, script=script, args=argv, env=env, cwd=os.getcwd(), tee=self.tee,
+                            grace=kill_grace(env),
+                            ranks=[rank_env(self.node_rank, self.nnodes, n, i, self.master_addr, self.master_port)
+                                   for i in range(n)])
+        how = "started as new processes" if ranks.fresh else \
+            f"forked from the warm launcher ({warm.preloaded['s']:.1f} s of imports done before)"
+        print(f"stoker: node {self.node_rank} runs {n} rank(s) {how} in {time.monotonic() - t0:.2f} s: {shown}",
+              flush=True)
+        self._supervise(ranks, ranks, status_dir, kill_grace(env), "torchrun", f"ranks ... {_short(shown.split())}",
+                        cut_when)
+
+    def _status_env(self, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+        status_dir = tempfile.mkdtemp(prefix="exit-", dir=current.get("tempdir") or None)
+        return status_dir, {**env, exitstatus.ENV: status_dir}
+
+    def _supervise(self, proc: Any, report: Any, status_dir: str, grace: float, what: str, short: str,
+                   cut_when: Callable[[], bool] | None) -> None:
+        """Wait for torchrun or the warm ranks (`proc`). A SIGTERM to this task (a preemption, a cancel) reaches the
+        workers (stoker.train finishes its step, checkpoints and exits with 75) and they are given
+        $STOKER_KILL_GRACE seconds to end before they are killed. The workers' exit codes come back through
+        `status_dir`: Preempted or a permanent ConfigError is raised for the scheduler to act on. `cut_when`, asked
+        every tenth of a second, ends the workers at once when it says so (a gang with spares moved to its next
+        generation): GenerationCut is raised."""
         term = _ForwardSigterm(proc)
         try:
             rc = term.wait(grace + 5, cut_when)
@@ -402,12 +443,48 @@ class TorchrunHelper:
         try:
             if rc != 0:
                 exitstatus.raise_for_statuses(status_dir, StokerError(
-                    f"{what} exited with code {rc} on node {self.node_rank} ({_short(cmd)}; the whole command is at "
+                    f"{what} exited with code {rc} on node {self.node_rank} ({short}; the whole command is at "
                     f"the top of the node's log)"))
         finally:
             shutil.rmtree(status_dir, ignore_errors=True)
         if term.hit:  # asked to stop, and the workers finished anyway: stop as asked
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Torchrun:
+    """torchrun's process, as `_supervise` stops it: its workers first (SIGTERM), everything at once (SIGKILL)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.pid = proc, proc.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def terminate(self) -> None:
+        self.proc.terminate()
+
+    def kill(self) -> None:
+        signal_tree(self.proc.pid, signal.SIGKILL, tree=True)
+        self.proc.kill()
+
+    def term_workers(self) -> None:
+        import psutil
+
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            kids = []
+        for k in kids:
+            try:
+                k.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+
+
+def _entry(entrypoint: str, module: bool | None) -> tuple[str | None, str | None]:
+    """(module, script) of an entrypoint: `-m stoker.train`, or a script's path."""
+    is_module = module if module is not None else not entrypoint.endswith(".py")
+    return (entrypoint, None) if is_module else (None, entrypoint)
 
 
 def _gang_link(par: ParallelInfo, port: Any, evict: bool) -> Any:
@@ -431,11 +508,11 @@ def _short(cmd: list[str]) -> str:
 
 
 class _ForwardSigterm:
-    """While torchrun runs: SIGTERM to this task goes to torchrun's workers (their handler finishes the step and
+    """While the workers run: SIGTERM to this task goes to the workers (their handler finishes the step and
     checkpoints) instead of ending this process; torchrun itself is left to notice them exit (a second SIGTERM
-    would cut its own shutdown short). After `grace` seconds torchrun and its workers are killed."""
+    would cut its own shutdown short). After `grace` seconds they are killed. `proc`: a _Torchrun, or warm Ranks."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: Any) -> None:
         self.proc, self.hit, self.deadline, self.cut = proc, False, None, False
         self.installed = threading.current_thread() is threading.main_thread()
         self.old = signal.signal(signal.SIGTERM, self._on_term) if self.installed else None
@@ -445,29 +522,18 @@ class _ForwardSigterm:
         if self.deadline is None:
             self.deadline = time.monotonic() + self.grace
             print("torchrun: SIGTERM: asking the workers to checkpoint and stop", file=sys.stderr, flush=True)
-            import psutil
-
-            try:
-                kids = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.Error:
-                kids = []
-            for k in kids:
-                try:
-                    k.send_signal(signal.SIGTERM)
-                except psutil.Error:
-                    pass
+            self.proc.term_workers()
 
     def wait(self, grace: float, cut_when: Callable[[], bool] | None = None) -> int:
         self.grace = grace
         while True:
             try:
-                return self.proc.wait(timeout=0.5)
+                return self.proc.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
                 over = self.deadline is not None and time.monotonic() > self.deadline
                 if not over and not self.cut and cut_when is not None and cut_when():
                     self.cut = over = True
                 if over:
-                    signal_tree(self.proc.pid, signal.SIGKILL, tree=True)
                     self.proc.kill()
 
     def restore(self) -> None:

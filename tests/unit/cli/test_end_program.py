@@ -1,4 +1,4 @@
-"""A flow file run as a program ends without the interpreter's teardown (cli/errors.end_program), as Python's exit
+"""A flow file run as a program ends without the interpreter's teardown (_process.end_program), as Python's exit
 would otherwise end it: its exit status, everything it printed, its atexit handlers and the threads Python waits for.
 Under a runner (`runpy`, `python -m cProfile`) the runner's own code still runs after the flow."""
 

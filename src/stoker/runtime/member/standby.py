@@ -12,6 +12,7 @@ anything of a task it was not given.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -65,6 +66,7 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
     verdict: dict[str, str] = {}
     while True:
         if warming is None and (todo := board.warmup()) is not None:  # node 0 staged, fetched: do it too, meanwhile
+            _warm_ranks(todo.get("entry") or {}, package)  # from the main thread: the launcher dies with it
             warming = threading.Thread(target=warm_up, args=(todo,), name="stoker-spare-warmup", daemon=True,
                                        kwargs={"member": ident.member, "package": package, "verdict": verdict})
             warming.start()
@@ -86,8 +88,25 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
             return slot
         if board.ended() is not None:
             print("stoker: the gang is over; this spare was not needed", file=sys.stderr, flush=True)
+            from stoker.distributed.warm import close_all
+
+            close_all()
             return None
         time.sleep(poll_s)
+
+
+def _warm_ranks(entry: dict, package: str | None) -> None:
+    """Start this spare's warm launcher (distributed/warm.py) on the entrypoint node 0 named: the ranks it runs when
+    it takes a node are forked from it, as the survivors' are; best effort (the task starts one otherwise)."""
+    if not (entry.get("module") or entry.get("script")):
+        return
+    try:
+        from stoker.distributed.warm import WarmLauncher, zygote_env
+
+        WarmLauncher.get(zygote_env(os.environ), package).preload(entry.get("module"), entry.get("script"))
+    except Exception as e:  # noqa: BLE001
+        print(f"stoker: spare could not start its warm launcher ({e}); it starts one when it takes a node",
+              file=sys.stderr, flush=True)
 
 
 def warm_up(todo: dict, stage_fn: Callable[[str], Any] | None = None,
@@ -155,6 +174,4 @@ def _check(doc: dict, member: int, paths: list[str], package: str | None, verdic
 
 
 def _hostname() -> str:
-    import os
-
     return os.uname().nodename

@@ -1,0 +1,274 @@
+"""Warm ranks: how a node of a gang with spares (`@torchrun(spares=k)`) starts its ranks for each generation.
+
+A new generation (a spare took a lost node's place) restarts training on every node: with torchrun that is a new
+launcher and new workers, each a new Python importing torch and the entrypoint (seconds each, on every node at
+once), and it is most of a recovery. Here each node keeps one process, started once (distributed/zygote.py), that has
+imported torch and every module the entrypoint imports; each generation's ranks are forked from it in milliseconds.
+A waiting spare starts its own as soon as node 0 has said what the entrypoint is, so it is as warm as the survivors.
+
+The ranks get the environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, ROLE_*, MASTER_ADDR/PORT: a static rendezvous; rank 0 hosts the process group's store, no agent store),
+their output is prefixed with their rank as torchrun's `--tee=3` does (`[default0]:...`), and when one fails the
+node's others get SIGTERM, then SIGKILL after the grace. A rank shows as `stoker-rank<RANK>` in `ps -o comm`.
+`STOKER_WARM_RANKS=0` starts each rank as a new Python instead (same launcher, no fork), as does a zygote whose
+imports left a thread running (forking it would not be safe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stoker._process import die_with_parent
+from stoker.errors import EXIT_PREEMPTED
+
+OFF_ENV = "STOKER_WARM_RANKS"
+_STOP_CODES = {EXIT_PREEMPTED, -signal.SIGTERM}  # an expected end of a rank: preempted, or stopped after one was
+_LAUNCHERS: list[WarmLauncher] = []  # this process's (one per node agent: a spare starts it while it waits)
+
+
+def rank_env(node_rank: int, nnodes: int, nproc: int, local: int, addr: str, port: int) -> dict[str, str]:
+    """What torchrun tells worker `local` of node `node_rank` (a static rendezvous on `addr:port`)."""
+    rank, world = node_rank * nproc + local, nnodes * nproc
+    return {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nnodes), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def zygote_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a warm launcher starts in: the task's workers' (`OMP_NUM_THREADS=1` unless set, as torchrun
+    sets it; a BLAS pool started at import would make forking unsafe)."""
+    return {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS") or "1"}
+
+
+def close_all() -> None:
+    """Stop this process's warm launchers (a spare that was not needed)."""
+    for w in list(_LAUNCHERS):
+        w.close()
+
+
+class WarmLauncher:
+    """This node's zygote (started at once; its imports go on in the background) and the socket to it."""
+
+    def __init__(self, env: Mapping[str, str], cwd: str | None = None) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([sys.executable, "-m", "stoker.distributed.zygote", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent)
+        theirs.close()
+        self.sock, self.pending, self.preloaded = mine, 0, {"loaded": [], "failed": {}, "s": 0.0, "threads": 1}
+        self.entries: set[tuple[str | None, str | None]] = set()
+        self.events: list[dict[str, Any]] = []  # rank exits read while waiting for something else
+
+    @classmethod
+    def get(cls, env: Mapping[str, str], cwd: str | None = None) -> WarmLauncher:
+        """This process's launcher (a spare's was started while it waited), or a new one."""
+        for w in list(_LAUNCHERS):
+            if w.alive():
+                return w
+            _LAUNCHERS.remove(w)
+        w = cls(env, cwd)
+        _LAUNCHERS.append(w)
+        return w
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def preload(self, module: str | None = None, script: str | None = None) -> None:
+        """Have the zygote import torch and what the entrypoint (`-m module`, or a script's path) imports."""
+        if (module, script) in self.entries:
+            return
+        self.entries.add((module, script))
+        self._send({"op": "preload", "entry": {"module": module, "script": script}})
+        self.pending += 1
+
+    def ready(self, timeout: float = 600.0) -> dict[str, Any]:
+        """Wait for the imports asked for; what was loaded, what failed, how long it took."""
+        deadline = time.monotonic() + timeout
+        while self.pending:
+            msg = self._recv(deadline - time.monotonic())
+            if msg is None:
+                raise RuntimeError(f"the warm launcher did not finish its imports in {timeout:.0f} s")
+            if msg["op"] == "preloaded":
+                self.pending -= 1
+                self.preloaded = {**msg, "loaded": self.preloaded["loaded"] + msg["loaded"],
+                                  "failed": {**self.preloaded["failed"], **msg["failed"]},
+                                  "s": self.preloaded["s"] + msg["s"]}
+            else:
+                self.events.append(msg)
+        return self.preloaded
+
+    def launch(self, *, module: str | None, script: str | None, args: Sequence[str], env: Mapping[str, str],
+               ranks: list[dict[str, str]], cwd: str, tee: bool, grace: float) -> Ranks:
+        """Fork this node's ranks (one per `ranks` entry: its own variables over `env`)."""
+        self.preload(module, script)
+        self.ready()
+        fresh = os.environ.get(OFF_ENV, env.get(OFF_ENV, "1")) == "0"
+        pipes: list[tuple[int, int]] = [os.pipe() for _ in range(2 * len(ranks))] if tee else []
+        fds = [w for _, w in pipes] if tee else [1, 2] * len(ranks)
+        self.events.clear()
+        self._send({"op": "launch", "env": dict(env), "ranks": ranks, "argv": list(args), "module": module,
+                    "script": script, "cwd": cwd, "fresh": fresh}, fds)
+        for _, w in pipes:
+            os.close(w)
+        while True:
+            msg = self._recv(60.0)
+            if msg is None:
+                raise RuntimeError("the warm launcher did not start the ranks")
+            if msg["op"] == "launched":
+                break
+        return Ranks(self, msg["pids"], [int(r["RANK"]) for r in ranks], [r for r, _ in pipes], grace,
+                     bool(msg["fresh"]))
+
+    def signal(self, sig: int) -> None:
+        try:
+            self._send({"op": "signal", "sig": int(sig)})
+        except OSError:  # the zygote is gone, and its ranks with it
+            pass
+
+    def close(self) -> None:
+        self.sock.close()  # the zygote kills its ranks and leaves
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        if self in _LAUNCHERS:
+            _LAUNCHERS.remove(self)
+
+    def _send(self, doc: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = json.dumps(doc).encode()
+        if fds:
+            socket.send_fds(self.sock, [data], list(fds))
+        else:
+            self.sock.send(data)
+
+    def _recv(self, timeout: float) -> dict[str, Any] | None:
+        """The zygote's next message within `timeout` seconds, else None; its end raises RuntimeError."""
+        self.sock.settimeout(max(0.0, timeout))
+        try:
+            data = self.sock.recv(1 << 20)
+        except (TimeoutError, BlockingIOError):
+            return None
+        finally:
+            self.sock.settimeout(None)
+        if not data:
+            raise RuntimeError(f"the warm launcher ended (exit code {self.proc.poll()})")
+        return json.loads(data)
+
+
+class Ranks:
+    """One launch's ranks on this node, as torchrun's process is to `_spawn`: wait for them, stop them, and say how
+    they ended (`finish`, `codes`)."""
+
+    def __init__(self, launcher: WarmLauncher, pids: list[int], ranks: list[int], outs: list[int], grace: float,
+                 fresh: bool) -> None:
+        self.launcher, self.pids, self.ranks, self.grace, self.fresh = launcher, pids, ranks, grace, fresh
+        self.pid = launcher.proc.pid
+        self.exits: dict[int, int] = {}  # local rank -> exit code (-N: killed by signal N)
+        self.stopping_at: float | None = None
+        self.killed = False
+        self.codes: set[int] = set()
+        self.pumps = [threading.Thread(target=_pump, args=(fd, ranks[i // 2], 1 + i % 2), daemon=True,
+                                       name=f"rank-{ranks[i // 2]}-out") for i, fd in enumerate(outs)]
+        for t in self.pumps:
+            t.start()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The launch's exit code once every rank ended (0 when all did well, else 1, as torchrun's); raises
+        subprocess.TimeoutExpired after `timeout` seconds. A rank that fails stops the others (SIGTERM, then
+        SIGKILL after the grace)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self.exits) < len(self.pids):
+            for msg in self.launcher.events:
+                self._note(msg)
+            self.launcher.events.clear()
+            if len(self.exits) == len(self.pids):
+                break
+            if self.stopping_at is not None and not self.killed and time.monotonic() > self.stopping_at + self.grace:
+                self.kill()
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if deadline is not None and left <= 0:
+                raise subprocess.TimeoutExpired("ranks", timeout or 0)
+            try:
+                msg = self.launcher._recv(left)
+            except RuntimeError:  # the zygote died: its ranks died with it (SIGKILL)
+                self.exits.update({i: self.exits.get(i, -signal.SIGKILL) for i in range(len(self.pids))})
+                break
+            if msg is not None:
+                self._note(msg)
+        for t in self.pumps:
+            t.join(timeout=5)
+        return 0 if all(c == 0 for c in self.exits.values()) else 1
+
+    def _note(self, msg: dict[str, Any]) -> None:
+        if msg.get("op") != "exit" or msg.get("pid") not in self.pids:
+            return
+        self.exits[int(msg["rank"])] = code = int(msg["code"])
+        if code != 0 and self.stopping_at is None and len(self.exits) < len(self.pids):
+            self.terminate()  # as torchrun: one rank failed, the node's others stop
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def terminate(self) -> None:
+        if self.stopping_at is None:
+            self.stopping_at = time.monotonic()
+        self.launcher.signal(signal.SIGTERM)
+
+    def term_workers(self) -> None:
+        """SIGTERM to every rank (a preemption: they checkpoint and stop); the caller keeps the deadline."""
+        self.launcher.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.killed = True
+        self.launcher.signal(signal.SIGKILL)
+
+    def finish(self, preempted: bool, node: int | str = 0, succeeded: bool = False) -> None:
+        """Say how the ranks ended (torchrun's report, in one line per failed rank); an expected stop (`preempted`:
+        every rank that reported said 75) in one line."""
+        failed = {self.ranks[i]: c for i, c in sorted(self.exits.items()) if c != 0}
+        self.codes = set(failed.values())
+        if not failed:
+            return
+        if preempted and not self.codes - _STOP_CODES:
+            print(f"torchrun: node {node}: every worker stopped after a preemption (exit code {EXIT_PREEMPTED}, "
+                  "checkpoint committed)", file=sys.stderr, flush=True)
+            return
+        for rank, code in failed.items():
+            how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
+            print(f"torchrun: node {node}: rank {rank} failed (exitcode: {code}): {how}", file=sys.stderr,
+                  flush=True)
+
+
+def _pump(fd: int, rank: int, out: int) -> None:
+    """Copy a rank's stdout or stderr to this process's, each line prefixed `[default<rank>]:` (torchrun's tee)."""
+    prefix, rest = f"[default{rank}]:".encode(), b""
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        while chunk := f.read(65536):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            if lines:
+                _write(out, b"".join(prefix + line + b"\n" for line in lines))
+    if rest:
+        _write(out, prefix + rest + b"\n")
+
+
+def _write(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:  # the log went away: the rank must not block on a full pipe
+        pass
