@@ -32,6 +32,12 @@ from typing import Any
 from stoker.store.manifest import attempt_prefix
 
 POLL_S = 0.5  # how often a node agent reads current.json (a GET of ~200 bytes)
+FOLDER_POLL_S = 0.2  # ... when the store is a shared folder (a read of a small file)
+
+
+def poll_interval(store: Any) -> float:
+    """How often a node agent reads its gang's generation in `store` (a BlobStore)."""
+    return FOLDER_POLL_S if getattr(store, "root", None) is not None else POLL_S
 
 
 def gang_prefix(flow: str, run_id: str, step: str, control_task_id: str, attempt: int) -> str:

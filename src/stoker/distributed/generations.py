@@ -1,16 +1,18 @@
-"""One torchrun per generation on a node of a gang with spares (`@torchrun(spares=k)`, distributed/gangboard.py).
+"""A node of a gang with spares (`@torchrun(spares=k)`, distributed/gangboard.py) runs its ranks once per generation.
 
-`current.torch.run(...)` on such a node runs torchrun for the gang's current generation: node rank = this node's
+`current.torch.run(...)` on such a node runs the ranks of the gang's current generation: node rank = this node's
 slot, rendezvous = the address of the member that runs slot 0 now (member 0: the engine's main address; another:
 the address it announced), port = the base port for generation 0, base + 1 + g for generation g (base + 1 is the
-preflight's all_reduce). While torchrun runs, the launcher reads
-`current.json` every half second; when the driver posts a newer generation (a node was lost and a spare takes its
-place) torchrun and its workers are killed at once (their collectives lost a peer: nothing they do now counts) and
-the next generation starts, resuming from the last committed checkpoint as any restart of the same command does.
+preflight's all_reduce). The ranks are forked from the node's warm launcher (distributed/warm.py: torch and the
+entrypoint imported once, a static rendezvous, no torchrun agent), so a new generation starts in a fraction of a
+second. While they run, the node reads `current.json` every fifth of a second (half a second with an object store);
+when the driver posts a newer generation (a node was lost and a spare takes its place) the ranks are killed at once
+(their collectives lost a peer: nothing they do now counts) and the next generation's are forked, resuming from the
+last committed checkpoint as any restart of the same command does.
 
-When this node's own workers were killed by SIGKILL or SIGBUS (out of memory, failing memory or device), the node is
-at fault: it says so (`fault-*.json`) and leaves, and the driver gives its slot to a spare. When this node's torchrun
-fails otherwise, it first waits (`wait_s`: twice the heartbeat timeout and 10 s) for the
+When this node's own ranks were killed by SIGKILL or SIGBUS (out of memory, failing memory or device), the node is
+at fault: it says so (`fault-*.json`) and leaves, and the driver gives its slot to a spare. When its ranks
+fail otherwise, it first waits (`wait_s`: twice the heartbeat timeout and 10 s) for the
 driver's word: a newer generation (the failure was a lost peer's) goes on; none means the failure is the gang's own
 and it is raised as without spares. A deterministic error (exit 78) or a preemption is raised at once. A member the
 driver replaced (it was silent, e.g. stopped, and came back) finds itself in no slot and exits without writing
@@ -28,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.distributed.gangboard import POLL_S, GangBoard, Generation
+from stoker.distributed.gangboard import POLL_S, GangBoard, Generation, poll_interval
 from stoker.errors import ConfigError, Preempted, StokerError
 from stoker.flow.current import ParallelInfo, current
 
@@ -74,8 +76,7 @@ class GangLink:
         board = GangBoard.of(open_store(url), current.flow_name, current.run_id, current.step_name,
                              str(par.control_task_id), int(current.retry_count or 0))
         member = par.member if par.member is not None else par.node_index
-        folder = getattr(board.store, "root", None) is not None  # a shared folder: reading current.json is cheap
-        return cls(board, member, base_port, par.main_ip, decision_wait_s(url), poll_s=0.2 if folder else POLL_S,
+        return cls(board, member, base_port, par.main_ip, decision_wait_s(url), poll_s=poll_interval(board.store),
                    evict=evict)
 
     def generation(self) -> Generation:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from stoker.distributed.gangboard import POLL_S, GangBoard
+from stoker.distributed.gangboard import GangBoard, poll_interval
 from stoker.runtime.member.nodeenv import NodeIdentity, own_addr
 from stoker.runtime.spec import TaskSpec
 
@@ -54,10 +54,11 @@ def announce(specs: list[TaskSpec], ident: NodeIdentity, state: str) -> None:
 
 
 def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board: GangBoard | None = None,
-                  poll_s: float = POLL_S, package: str | None = None) -> int | None:
+                  poll_s: float | None = None, package: str | None = None) -> int | None:
     """Wait as a spare until a generation gives this member a slot (returned), or the gang ends (None). `package`:
     the unpacked code package (where the preflight finds a script entrypoint)."""
     board = board or board_for(specs[0])
+    poll_s = poll_s or poll_interval(board.store)
     addr, host = own_addr(ident), ident.host or _hostname()
     print(f"stoker: spare member {ident.member} of {specs[0].flow}/{specs[0].run_id}/{specs[0].step} waiting "
           f"({addr})", file=sys.stderr, flush=True)
