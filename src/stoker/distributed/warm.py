@@ -31,6 +31,7 @@ from stoker._process import die_with_parent
 from stoker.errors import EXIT_PREEMPTED
 
 OFF_ENV = "STOKER_WARM_RANKS"
+MAX_INLINE = 64 * 1024  # a message to the launcher longer than this goes through a file
 _STOP_CODES = {EXIT_PREEMPTED, -signal.SIGTERM}  # an expected end of a rank: preempted, or stopped after one was
 _LAUNCHERS: list[WarmLauncher] = []  # this process's (one per node agent: a spare starts it while it waits)
 
@@ -64,7 +65,7 @@ class WarmLauncher:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, "-m", "stoker.distributed.zygote", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                     preexec_fn=die_with_parent)
+                                     preexec_fn=_die_with_owner)
         theirs.close()
         self.sock, self.pending, self.preloaded = mine, 0, {"loaded": [], "failed": {}, "s": 0.0, "threads": 1}
         self.entries: set[tuple[str | None, str | None]] = set()
@@ -147,6 +148,13 @@ class WarmLauncher:
 
     def _send(self, doc: dict[str, Any], fds: Sequence[int] = ()) -> None:
         data = json.dumps(doc).encode()
+        if len(data) > MAX_INLINE:  # one datagram holds ~200 KB: a larger environment goes by a file only we read
+            import tempfile
+
+            fd, path = tempfile.mkstemp(prefix="stoker-launch-", suffix=".json")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            data = json.dumps({"op": doc["op"], "file": path}).encode()
         if fds:
             socket.send_fds(self.sock, [data], list(fds))
         else:
@@ -251,6 +259,10 @@ class Ranks:
             how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
             print(f"torchrun: node {node}: rank {rank} failed (exitcode: {code}): {how}", file=sys.stderr,
                   flush=True)
+
+
+def _die_with_owner() -> None:
+    die_with_parent(signal.SIGKILL)  # it ignores SIGTERM (a cancel is for its ranks): its owner's end ends it
 
 
 def _pump(fd: int, rank: int, out: int) -> None:

@@ -201,6 +201,11 @@ class Zygote:
                 self.signal(signal.SIGKILL)
                 return
             msg = json.loads(data)
+            if "file" in msg:  # too long for one message (a large environment): the owner wrote it to a file
+                path = msg["file"]
+                with open(path, "rb") as f:
+                    msg = json.loads(f.read())
+                os.unlink(path)
             if msg["op"] == "preload":
                 _send(self.sock, _preload(msg.get("entry") or {}))
             elif msg["op"] == "launch":
@@ -210,8 +215,18 @@ class Zygote:
 
 
 def main(argv: list[str]) -> None:
-    sock = socket.socket(fileno=int(argv[0]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the owner, which stops the ranks
+    try:
+        sock = socket.socket(fileno=int(argv[0]))
+        if sock.type != socket.SOCK_SEQPACKET:
+            raise OSError("not a SOCK_SEQPACKET socket")
+    except (IndexError, ValueError, OSError) as e:
+        print(f"stoker.distributed.zygote: error: it takes the file descriptor of its socket to the warm launcher, "
+              f"which starts it (distributed/warm.py): {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    # a Ctrl-C, a cancel or a preemption (scancel signals every process of the step) is for the ranks, which
+    # checkpoint and stop; this process ends with its owner (the socket's end, or SIGKILL when its owner dies)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         Zygote(sock).serve()
     except (BrokenPipeError, ConnectionResetError):

@@ -32,7 +32,8 @@ ENTRY = textwrap.dedent('''
                 comm = f.read().strip()
             print(f"rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} world={os.environ['WORLD_SIZE']} "
                   f"node={os.environ['GROUP_RANK']} sum={x.item():.0f} argv={sys.argv[1:]} cwd={os.getcwd()} "
-                  f"comm={comm} random={random.random():.12f} main={__name__}", flush=True)
+                  f"comm={comm} random={random.random():.12f} big={len(os.environ.get('BIG1', '') + os.environ.get('BIG2', ''))} "
+                  f"main={__name__}", flush=True)
             print(f"err from {os.environ['RANK']}", file=sys.stderr, flush=True)
             dist.destroy_process_group()
         elif mode == "fail":
@@ -80,10 +81,11 @@ def test_each_generation_forks_ranks_with_torchruns_environment(entry, capfd):
     loaded = w.ready()
     assert {"torch", "torch.distributed"} <= set(loaded["loaded"]) and loaded["threads"] == 1, loaded
     outs = []
-    for _ in range(2):  # two generations from the same launcher
+    for gen in range(2):  # two generations from the same launcher; the second's environment is too long for a message
         port = _free_port()
         t0 = time.monotonic()
-        ranks = _launch(w, entry, port)
+        big = {"BIG1": "x" * 100_000, "BIG2": "y" * 100_000} if gen else {}
+        ranks = _launch(w, entry, port, **big)
         assert not ranks.fresh
         assert ranks.wait(60) == 0
         assert time.monotonic() - t0 < 10
@@ -92,7 +94,7 @@ def test_each_generation_forks_ranks_with_torchruns_environment(entry, capfd):
         for r in (0, 1):
             line = next(x for x in out.splitlines() if x.startswith(f"[default{r}]:rank={r} "))
             assert f"local={r} world=2 node=0 sum=3 argv=['--gen', '{port}'] cwd={entry.parent} " \
-                   f"comm=stoker-rank{r}" in line and line.endswith("main=__main__"), line
+                   f"comm=stoker-rank{r}" in line and line.endswith(f"big={200_000 if gen else 0} main=__main__"), line
             assert f"[default{r}]:err from {r}" in err
     randoms = [x.split("random=")[1].split()[0] for out in outs for x in out.splitlines() if "random=" in x]
     assert len(set(randoms)) == 4, randoms  # each rank seeds anew: not the zygote's copy
@@ -120,8 +122,10 @@ def test_a_preemption_reaches_the_ranks_and_ends_in_one_line(entry, capfd):
     while capfd.readouterr().out.count("ready") < 2 and time.monotonic() < deadline:
         with pytest.raises(subprocess.TimeoutExpired):
             ranks.wait(0.2)
+    os.kill(w.proc.pid, signal.SIGTERM)  # scancel signals every process of the step: the launcher is not for it
     ranks.term_workers()
     assert ranks.wait(30) == 1 and ranks.exits == {0: 75, 1: 75}
+    assert w.alive()
     ranks.finish(True, node=0)
     err = capfd.readouterr().err
     assert "every worker stopped after a preemption" in err and "failed" not in err, err
@@ -141,11 +145,13 @@ def test_the_ranks_die_with_their_owner(entry, tmp_path):
         time.sleep(60)
     '''))
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    line = owner.stdout.readline().split()  # type: ignore[union-attr]
-    pids = [int(line[1]), int(line[3]), int(line[4])]
-    assert all(psutil.pid_exists(p) for p in pids)
-    owner.kill()
-    owner.wait()
+    try:
+        line = next(x for x in owner.stdout if x.startswith("zygote ")).split()  # type: ignore[union-attr]
+        pids = [int(line[1]), int(line[3]), int(line[4])]  # (the ranks' own lines come on the same stdout)
+        assert all(psutil.pid_exists(p) for p in pids)
+    finally:
+        owner.kill()
+        owner.wait()
     deadline = time.monotonic() + 10
     alive = pids
     while alive and time.monotonic() < deadline:
