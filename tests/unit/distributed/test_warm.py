@@ -118,8 +118,9 @@ def test_a_failing_rank_stops_the_others_on_its_node(entry, capfd):
 def test_a_preemption_reaches_the_ranks_and_ends_in_one_line(entry, capfd):
     w = WarmLauncher.get(zygote_env(os.environ), str(entry.parent))
     ranks = _launch(w, entry, _free_port(), mode="preempt")
-    deadline = time.monotonic() + 30
-    while capfd.readouterr().out.count("ready") < 2 and time.monotonic() < deadline:
+    deadline, said = time.monotonic() + 30, ""
+    while (said := said + capfd.readouterr().out).count("ready") < 2:
+        assert time.monotonic() < deadline, said
         with pytest.raises(subprocess.TimeoutExpired):
             ranks.wait(0.2)
     os.kill(w.proc.pid, signal.SIGTERM)  # scancel signals every process of the step: the launcher is not for it

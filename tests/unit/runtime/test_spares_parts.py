@@ -5,6 +5,7 @@ a real NodeWatch and store, the scheduler's tasks as plain objects), a spare tha
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from types import SimpleNamespace
@@ -284,3 +285,37 @@ ship.close()
     assert store.read(name) == (b"lost member: step 1\nlost member: step 2\nstoker: member 2 takes node 1 over; the "
                                 b"lines above are the lost member's\nspare: resumed\n")
     assert not store.exists(part_name(name, 1)) and not store.exists(part_name(name, 3))
+
+
+def test_between_two_engine_polls_the_beats_are_read_and_a_lost_node_replaced(store):
+    """Slurm is polled once a second at most; a gang with spares' heartbeats are read every READ_BEATS_S between
+    two polls (`recheck`, with what the engine said last), so a silent node's slot goes to a spare without waiting
+    for the next sacct."""
+    from stoker.runtime.driver.spares import READ_BEATS_S
+    from stoker.runtime.member.heartbeat import heartbeat_name
+
+    spares, unit, ref, tasks, said = _gang(store, remote=True)
+    board = GangBoard.of(store, "F", "1", "train", "10", 0)
+    board.announce(2, "10.0.0.3", "n3", "standby")
+    t0 = time.time()
+
+    def beat(node: int, at: float) -> None:
+        doc = {"node": node, "host": f"n{node + 1}", "member": tasks[node].member, "interval": 0.5, "at": at,
+               "state": "running", "seq": at}
+        store.write(heartbeat_name("F", "1", "train", tasks[node].task_id, 0), json.dumps(doc).encode())
+
+    beat(0, t0)
+    beat(1, t0)
+    status = JobStatus(RUNNING, members={m: JobStatus(RUNNING) for m in range(3)})  # all the engine will say
+    spares.check(ref, tasks, status, t0)
+    assert spares.due(t0) == pytest.approx(t0 + READ_BEATS_S)
+    spares.recheck(t0 + READ_BEATS_S / 2)  # not due: nothing read
+    assert tasks[1].member == 1 and not said
+    beat(0, t0 + 0.5)  # node 0 beats on and says its ranks failed after node 1's last beat; node 1 is silent
+    board.report_failure(0, 0)
+    spares.recheck(t0 + 0.6)
+    assert tasks[1].member == 1  # silent for less than two beats yet
+    beat(0, t0 + 1.0)
+    spares.recheck(t0 + 1.3)  # no new status from the engine: the beats alone
+    assert tasks[1].member == 2 and board.current().slots == [0, 2], said
+    assert "no heartbeat for 1 s; spare member 2 takes its place in generation 1" in said[-1], said

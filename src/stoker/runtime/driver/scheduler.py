@@ -341,6 +341,8 @@ class Scheduler:
             return
         now = time.time()
         due = min((self.last_poll.get(b.name, 0) + self._gap(b) - now for b in live if b.remote), default=seconds)
+        if (spare_due := self.spares.due(now)) is not None:  # a gang with spares' beats, between two polls
+            due = min(due, spare_due - now)
         seconds = max(0.0, min(seconds, due)) if any(not b.remote for b in live) else max(0.0, due)
         live.sort(key=lambda b: b.remote)  # a local backend wakes the moment a member exits
         for i, b in enumerate(live):
@@ -380,6 +382,8 @@ class Scheduler:
             changed = before != self._states(b, refs)
             self.poll_gap[b.name] = min(FAST_POLL_S, b.poll_interval) if changed else \
                 min(b.poll_interval, 2 * self._gap(b))
+        if not self.interrupted:
+            self.spares.recheck(time.time())
 
     def _states(self, b: Backend, refs: list[JobRef]) -> list[tuple]:
         return [(t.state, bool(t.started)) for r in refs for t in self.live.get((b.name, r.job_id), (r, []))[1]]

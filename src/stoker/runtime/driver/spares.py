@@ -48,6 +48,7 @@ class _Gang:
     evictions: set[int] = field(default_factory=set)  # generations whose eviction request was handled
     told: set[int] = field(default_factory=set)  # lost members with no spare left, said once
     lost_at: dict[int, float] = field(default_factory=dict)  # generation -> when its lost node was lost
+    last: tuple[JobRef, list[Any], JobStatus, float] | None = None  # the last check's arguments (recheck)
 
 
 class Spares:
@@ -86,6 +87,7 @@ class Spares:
         g = self.gangs.get(ref.job_id)
         if g is None:
             return
+        g.last = (ref, tasks, status, now)
         self._report(g, tasks[0].step, now)
         running = [t for t in tasks if t.state == "running" and t.job is ref and not t.stopping]
         if not running or len(running) < len([t for t in tasks if t.job is ref and t.state != "ok"]):
@@ -108,6 +110,19 @@ class Spares:
                 self.watch.checked.pop(ref.job_id, None)  # the heartbeat watch judges it again in this pass
                 return
             self._replace(g, t, spare, lost, ref)
+
+    def due(self, now: float) -> float | None:
+        """When a remote gang's heartbeats are next to be read between two polls of its engine (`recheck`)."""
+        times = [g.last[3] + READ_BEATS_S for g in self.gangs.values() if g.remote and g.last is not None]
+        return min(times) if times else None
+
+    def recheck(self, now: float) -> None:
+        """Between two polls of the engine (one a second on Slurm, sacct's load), read the remote gangs' heartbeats
+        every READ_BEATS_S, with what the engine said last: a lost node's slot goes to a spare that much sooner."""
+        for g in list(self.gangs.values()):
+            if g.remote and g.last is not None and now - g.last[3] >= READ_BEATS_S:
+                ref, tasks, status, _ = g.last
+                self.check(ref, tasks, status, now)
 
     def _evict(self, g: _Gang, ref: JobRef, running: list[Any], status: JobStatus) -> None:
         """A straggler node its trainer asked to evict (after a checkpoint): a spare takes its place."""
