@@ -62,6 +62,9 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(setup, node):
     assert recovered < 60
     assert "retry 1 of" not in out, "no whole-gang retry: " + out
     assert f"nodes ran on members {sorted({0, 1, 2} - {node})}" in out, out
+    # both generations' ranks, the spare's included, were forked from warm launchers, none started anew
+    assert out.count("rank(s) forked from the warm launcher") == 4, out
+    assert "started as new processes" not in out and "warm launcher is started again" not in out, out
     weights = final_weights(ckpt)
     assert weights.keys() == reference.keys()
     for key in reference:

@@ -33,6 +33,9 @@ from stoker.errors import EXIT_PREEMPTED
 OFF_ENV = "STOKER_WARM_RANKS"
 MAX_INLINE = 64 * 1024  # a message to the launcher longer than this goes through a file
 _STOP_CODES = {EXIT_PREEMPTED, -signal.SIGTERM}  # an expected end of a rank: preempted, or stopped after one was
+_PER_LAUNCH = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+               "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}  # rank_env's
+_PER_TASK = ("STOKER_", "TORCHELASTIC_", "MF_PARALLEL_")  # stoker's, torchrun's and Metaflow's own variables
 _LAUNCHERS: list[WarmLauncher] = []  # this process's (one per node agent: a spare starts it while it waits)
 
 
@@ -43,7 +46,14 @@ def rank_env(node_rank: int, nnodes: int, nproc: int, local: int, addr: str, por
             "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nnodes), "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
-            "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+            "TORCHELASTIC_USE_AGENT_STORE": "False"}
+
+
+def env_changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The variables set, changed or unset between two environments, less those of one launch or task (the rank's,
+    torchrun's, stoker's own, Metaflow's `MF_PARALLEL_*`: no module reads them when it is imported)."""
+    keys = {k for k in set(before) | set(now) if before.get(k) != now.get(k)}
+    return sorted(k for k in keys if k not in _PER_LAUNCH and not k.startswith(_PER_TASK))
 
 
 def zygote_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -67,17 +77,27 @@ class WarmLauncher:
                                      pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_owner)
         theirs.close()
+        self.env, self.cwd = dict(env), cwd
         self.sock, self.pending, self.preloaded = mine, 0, {"loaded": [], "failed": {}, "s": 0.0, "threads": 1}
         self.entries: set[tuple[str | None, str | None]] = set()
         self.events: list[dict[str, Any]] = []  # rank exits read while waiting for something else
 
     @classmethod
     def get(cls, env: Mapping[str, str], cwd: str | None = None) -> WarmLauncher:
-        """This process's launcher (a spare's was started while it waited), or a new one."""
+        """This process's launcher (a spare's was started while it waited), or a new one. One whose environment or
+        folder differs from `env`, `cwd` (past the variables of one launch: the rank's, stoker's) is replaced, and
+        the run says which variables: what it imported may have read them."""
         for w in list(_LAUNCHERS):
-            if w.alive():
+            if not w.alive():
+                _LAUNCHERS.remove(w)
+                continue
+            changed = env_changes(w.env, env) + (["the working folder"] if cwd and w.cwd and cwd != w.cwd else [])
+            if not changed:
                 return w
-            _LAUNCHERS.remove(w)
+            print(f"stoker: the warm launcher is started again: {', '.join(changed[:8])}"
+                  f"{' ...' if len(changed) > 8 else ''} changed since it imported the entrypoint's modules",
+                  file=sys.stderr, flush=True)
+            w.close()
         w = cls(env, cwd)
         _LAUNCHERS.append(w)
         return w
@@ -114,6 +134,7 @@ class WarmLauncher:
         """Fork this node's ranks (one per `ranks` entry: its own variables over `env`)."""
         self.preload(module, script)
         self.ready()
+        env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **env}  # as torchrun: the user's value wins
         fresh = os.environ.get(OFF_ENV, env.get(OFF_ENV, "1")) == "0"
         pipes: list[tuple[int, int]] = [os.pipe() for _ in range(2 * len(ranks))] if tee else []
         fds = [w for _, w in pipes] if tee else [1, 2] * len(ranks)
@@ -184,7 +205,7 @@ class Ranks:
         self.pid = launcher.proc.pid
         self.exits: dict[int, int] = {}  # local rank -> exit code (-N: killed by signal N)
         self.stopping_at: float | None = None
-        self.killed = False
+        self.killed = self.failed_first = False
         self.codes: set[int] = set()
         self.pumps = [threading.Thread(target=_pump, args=(fd, ranks[i // 2], 1 + i % 2), daemon=True,
                                        name=f"rank-{ranks[i // 2]}-out") for i, fd in enumerate(outs)]
@@ -222,8 +243,10 @@ class Ranks:
         if msg.get("op") != "exit" or msg.get("pid") not in self.pids:
             return
         self.exits[int(msg["rank"])] = code = int(msg["code"])
-        if code != 0 and self.stopping_at is None and len(self.exits) < len(self.pids):
-            self.terminate()  # as torchrun: one rank failed, the node's others stop
+        if code != 0 and not self.killed:
+            self.failed_first = True  # a rank failed of its own, before stoker killed any
+            if self.stopping_at is None and len(self.exits) < len(self.pids):
+                self.terminate()  # as torchrun: one rank failed, the node's others stop
 
     def poll(self) -> int | None:
         try:
@@ -255,6 +278,9 @@ class Ranks:
             print(f"torchrun: node {node}: every worker stopped after a preemption (exit code {EXIT_PREEMPTED}, "
                   "checkpoint committed)", file=sys.stderr, flush=True)
             return
+        if self.killed and not self.failed_first:
+            print(f"torchrun: node {node}: its ranks were stopped (SIGKILL)", file=sys.stderr, flush=True)
+            return  # stoker killed them (a new generation): none failed of its own
         for rank, code in failed.items():
             how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
             print(f"torchrun: node {node}: rank {rank} failed (exitcode: {code}): {how}", file=sys.stderr,

@@ -30,9 +30,10 @@ ENTRY = textwrap.dedent('''
             dist.all_reduce(x)
             with open("/proc/self/comm") as f:
                 comm = f.read().strip()
+            big = sum(len(os.environ.get(k, "")) for k in ("BIG1", "BIG2"))
             print(f"rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} world={os.environ['WORLD_SIZE']} "
                   f"node={os.environ['GROUP_RANK']} sum={x.item():.0f} argv={sys.argv[1:]} cwd={os.getcwd()} "
-                  f"comm={comm} random={random.random():.12f} big={len(os.environ.get('BIG1', '') + os.environ.get('BIG2', ''))} "
+                  f"comm={comm} random={random.random():.12f} big={big} "
                   f"main={__name__}", flush=True)
             print(f"err from {os.environ['RANK']}", file=sys.stderr, flush=True)
             dist.destroy_process_group()
@@ -192,3 +193,31 @@ def test_what_the_zygote_imports_is_read_from_the_entrypoint(tmp_path):
     (tmp_path / "broken.py").write_text("def (:\n")
     assert entry_imports(None, str(tmp_path / "broken.py")) == ["torch", "torch.distributed"]
     assert entry_imports("no_such_module_here", None) == ["torch", "torch.distributed"]
+
+
+def test_a_launcher_whose_environment_changed_is_started_again(entry, capfd):
+    """What the launcher imported may have read the environment (a library's settings at import): a launch in
+    another environment gets a new launcher, and the log names the variables. The variables of one launch or task
+    (the rank's, stoker's, torchrun's, MF_PARALLEL_*) do not count."""
+    base = zygote_env(os.environ)
+    w = WarmLauncher.get(base, str(entry.parent))
+    same = {**base, "RANK": "3", "MASTER_PORT": "1", "STOKER_RUN_ID": "9", "MF_PARALLEL_NODE_INDEX": "1",
+            "TORCHELASTIC_RUN_ID": "x"}
+    assert WarmLauncher.get(same, str(entry.parent)) is w and w.alive()
+    other = {**same, "HF_HUB_OFFLINE": "1"}
+    other.pop("HOME", None)
+    w2 = WarmLauncher.get(other, str(entry.parent))
+    assert w2 is not w and not w.alive() and w2.alive()
+    assert "the warm launcher is started again: HF_HUB_OFFLINE, HOME changed" in capfd.readouterr().err
+    assert WarmLauncher.get(other, "/") is not w2  # another folder: modules resolve elsewhere
+
+
+def test_ranks_stoker_kills_for_a_new_generation_are_not_reported_as_failures(entry, capfd):
+    w = WarmLauncher.get(zygote_env(os.environ), str(entry.parent))
+    ranks = _launch(w, entry, _free_port(), mode="sleep")
+    ranks.kill()
+    assert ranks.wait(30) == 1 and ranks.exits == {0: -signal.SIGKILL, 1: -signal.SIGKILL}
+    ranks.finish(True, node=1)
+    err = capfd.readouterr().err
+    assert "torchrun: node 1: its ranks were stopped (SIGKILL)" in err and "failed" not in err, err
+    assert w.alive()  # the launcher stays for the next generation

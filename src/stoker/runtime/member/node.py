@@ -170,7 +170,9 @@ def member_spec(doc: dict, env: dict[str, str] | None = None, engine: NodeEngine
             slot = first.index(ident.member)
             announce(typed, ident, "active")  # where a next generation's rendezvous can reach it
         else:
-            slot = wait_for_slot(typed, ident, spares, package=package)
+            warm_env = dict(os.environ)  # what the task's ranks will have: its launcher imports in it
+            apply_node_env(doc, warm_env)
+            slot = wait_for_slot(typed, ident, spares, package=package, warm_env=warm_env)
         if slot is None:
             raise SystemExit(0)  # a spare the gang did not need: nothing of any task is written
         return slot_spec(typed, slot, ident, spares)

@@ -54,9 +54,11 @@ def announce(specs: list[TaskSpec], ident: NodeIdentity, state: str) -> None:
 
 
 def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board: GangBoard | None = None,
-                  poll_s: float | None = None, package: str | None = None) -> int | None:
+                  poll_s: float | None = None, package: str | None = None,
+                  warm_env: dict[str, str] | None = None) -> int | None:
     """Wait as a spare until a generation gives this member a slot (returned), or the gang ends (None). `package`:
-    the unpacked code package (where the preflight finds a script entrypoint)."""
+    the unpacked code package (where the preflight finds a script entrypoint and the warm launcher starts);
+    `warm_env`: the environment the warm launcher starts in (this process's by default)."""
     board = board or board_for(specs[0])
     poll_s = poll_s or poll_interval(board.store)
     addr, host = own_addr(ident), ident.host or _hostname()
@@ -67,7 +69,7 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
     verdict: dict[str, str] = {}
     while True:
         if warming is None and (todo := board.warmup()) is not None:  # node 0 staged, fetched: do it too, meanwhile
-            _warm_ranks(todo.get("entry") or {}, package)  # from the main thread: the launcher dies with it
+            _warm_ranks(todo.get("entry") or {}, package, warm_env)  # (the main thread: the launcher dies with it)
             warming = threading.Thread(target=warm_up, args=(todo,), name="stoker-spare-warmup", daemon=True,
                                        kwargs={"member": ident.member, "package": package, "verdict": verdict})
             warming.start()
@@ -96,7 +98,7 @@ def wait_for_slot(specs: list[TaskSpec], ident: NodeIdentity, spares: int, board
         time.sleep(poll_s)
 
 
-def _warm_ranks(entry: dict, package: str | None) -> None:
+def _warm_ranks(entry: dict, package: str | None, env: dict[str, str] | None) -> None:
     """Start this spare's warm launcher (distributed/warm.py) on the entrypoint node 0 named: the ranks it runs when
     it takes a node are forked from it, as the survivors' are; best effort (the task starts one otherwise)."""
     if not (entry.get("module") or entry.get("script")):
@@ -104,7 +106,8 @@ def _warm_ranks(entry: dict, package: str | None) -> None:
     try:
         from stoker.distributed.warm import WarmLauncher, zygote_env
 
-        WarmLauncher.get(zygote_env(os.environ), package).preload(entry.get("module"), entry.get("script"))
+        WarmLauncher.get(zygote_env(os.environ if env is None else env), package).preload(entry.get("module"),
+                                                                                         entry.get("script"))
     except Exception as e:  # noqa: BLE001
         print(f"stoker: spare could not start its warm launcher ({e}); it starts one when it takes a node",
               file=sys.stderr, flush=True)
