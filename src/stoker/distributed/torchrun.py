@@ -402,7 +402,8 @@ class TorchrunHelper:
                             grace=kill_grace(env),
                             ranks=[rank_env(self.node_rank, self.nnodes, n, i, self.master_addr, self.master_port)
                                    for i in range(n)])
-        how = "started as new processes" if ranks.fresh else \
+        why = f" (the warm launcher has {unsafe}: not safe to fork)" if (unsafe := warm.preloaded.get("unsafe")) else ""
+        how = f"started as new processes{why}" if ranks.fresh else \
             f"forked from the warm launcher ({warm.preloaded['s']:.1f} s of imports done before)"
         print(f"stoker: node {self.node_rank} runs {n} rank(s) {how} in {time.monotonic() - t0:.2f} s: {shown}",
               flush=True)

@@ -6,7 +6,8 @@ It imports what it is asked to (torch, the entrypoint's imports) once, then fork
 of the gang: a rank is a copy of a process that has already imported everything, so it starts in milliseconds
 instead of the seconds a new Python takes to import torch. It starts no thread and never runs a rank itself, so
 each fork copies one thread and a clean interpreter. When its imports left another thread running (a BLAS pool
-started at import), forking is not safe: each rank then starts a new Python instead (`exec`), as torchrun would.
+started at import), imported a device runtime (an entrypoint's own module importing torch_xla) or initialized CUDA,
+forking is not safe: each rank then starts a new Python instead (`exec`), as torchrun would.
 
 Messages are one JSON document each, both ways:
     owner -> {"op": "preload", "entry": {"module" | "script"}}
@@ -42,6 +43,20 @@ def _threads() -> int:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return 1
+
+
+def unsafe_to_fork() -> str:
+    """Why a fork of this process would not be a clean rank ("" when it would): a second thread, a device runtime
+    imported along the way (by one of the entrypoint's own modules), CUDA initialized."""
+    if (n := _threads()) > 1:
+        return f"{n} threads"
+    if runtimes := sorted({m.split(".")[0] for m in sys.modules} & set(NOT_PRELOADED)):
+        return f"{', '.join(runtimes)} imported"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "CUDA initialized"
+    return ""
 
 
 # imported in a rank, never in the zygote: they start the device runtime's threads, and a fork copies one thread
@@ -93,7 +108,7 @@ def _preload(entry: dict[str, Any]) -> dict[str, Any]:
         except BaseException as e:  # noqa: BLE001 - a module that fails here fails again in the rank, and says why
             failed[name] = f"{type(e).__name__}: {e}"
     return {"op": "preloaded", "loaded": loaded, "failed": failed, "s": round(time.monotonic() - t0, 3),
-            "threads": _threads()}
+            "threads": _threads(), "unsafe": unsafe_to_fork()}
 
 
 def _rank(sock: socket.socket, msg: dict[str, Any], i: int, fds: list[int], fresh: bool, others: list[int]) -> NoReturn:
@@ -161,7 +176,7 @@ class Zygote:
         self.live: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, local rank)
 
     def launch(self, msg: dict[str, Any], fds: list[int]) -> None:
-        fresh = bool(msg.get("fresh")) or _threads() > 1
+        fresh = bool(msg.get("fresh")) or bool(unsafe_to_fork())
         pids = []
         sys.stdout.flush()
         sys.stderr.flush()

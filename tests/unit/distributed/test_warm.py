@@ -221,3 +221,18 @@ def test_ranks_stoker_kills_for_a_new_generation_are_not_reported_as_failures(en
     err = capfd.readouterr().err
     assert "torchrun: node 1: its ranks were stopped (SIGKILL)" in err and "failed" not in err, err
     assert w.alive()  # the launcher stays for the next generation
+
+
+def test_a_device_runtime_imported_by_the_entrypoints_own_module_means_new_processes(entry, capfd, tmp_path):
+    """The device runtimes are never imported by the launcher; when one of the entrypoint's own modules imports one
+    anyway (here a stand-in package named torch_xla), a fork is not a clean rank: each rank starts a new Python."""
+    (tmp_path / "torch_xla").mkdir()
+    (tmp_path / "torch_xla" / "__init__.py").write_text("")
+    (tmp_path / "model_nxd.py").write_text("import torch_xla\n")
+    entry.write_text("import model_nxd\n" + ENTRY)
+    w = WarmLauncher.get(zygote_env(os.environ), str(entry.parent))
+    w.preload(None, str(entry))
+    assert w.ready()["unsafe"] == "torch_xla imported"
+    ranks = _launch(w, entry, _free_port(), nproc=1)
+    assert ranks.fresh and ranks.wait(120) == 0
+    assert "[default0]:rank=0 local=0 world=1" in capfd.readouterr().out
