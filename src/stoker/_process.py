@@ -42,6 +42,21 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     _prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def raise_open_files_limit() -> None:
+    """Raise this process's open-files soft limit to its hard limit (its children inherit it): collective
+    libraries (the Neuron runtime, libfabric, NCCL) open many files per rank, and container defaults of 1024
+    run out; every AWS recipe runs `ulimit -n` first."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def set_process_name(name: str) -> None:
     """This process's name for `ps -o comm` and top (Linux: 15 characters; its arguments stay as they were)."""
     _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
@@ -89,9 +104,13 @@ def end_program(code: object) -> NoReturn:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    for t in threading.enumerate():  # as Python's exit: the threads it waits for, then the atexit handlers
-        if t is not threading.current_thread() and not t.daemon:
-            t.join()
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()  # as Python's exit: threading's exit hooks (an executor's workers), then its non-daemon threads
+    else:
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker import exitstatus
-from stoker._process import die_with_parent, kill_grace, signal_tree
+from stoker._process import die_with_parent, kill_grace, raise_open_files_limit, signal_tree
 from stoker.distributed import neuron_cache
 from stoker.distributed import smoke as smoke_mode
 from stoker.distributed.accel import (
@@ -96,21 +96,6 @@ def _flag_values(args: Mapping[str, Any] | Sequence[str] | None) -> dict[str, st
             elif i + 1 < len(toks) and not _is_flag(toks[i + 1]):
                 out.setdefault(name, toks[i + 1])
     return out
-
-
-def raise_open_files_limit() -> None:
-    """Raise this process's open-files soft limit to its hard limit (the workers inherit it): collective
-    libraries (the Neuron runtime, libfabric, NCCL) open many files per rank, and container defaults of 1024
-    run out; every AWS recipe runs `ulimit -n` first."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError):
-            pass
 
 
 def _is_flag(tok: str) -> bool:
@@ -316,8 +301,13 @@ class TorchrunHelper:
                 if sync:
                     sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
             if self.gang is not None:  # a gang with spares: its ranks per generation (distributed/generations.py)
-                run_generations(self, self.gang, lambda genv, cut: self._spawn_warm(entrypoint, args, module, n,
-                                                                                    genv, cut), child_env)
+                try:
+                    run_generations(self, self.gang, lambda genv, cut: self._spawn_warm(entrypoint, args, module, n,
+                                                                                        genv, cut), child_env)
+                finally:
+                    from stoker.distributed.warm import close_all
+
+                    close_all()
             else:
                 self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
         finally:

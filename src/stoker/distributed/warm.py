@@ -22,13 +22,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stoker._process import die_with_parent
-from stoker.errors import EXIT_PREEMPTED
+from stoker.errors import EXIT_PREEMPTED, StokerError
 
 OFF_ENV = "STOKER_WARM_RANKS"
 MAX_INLINE = 64 * 1024  # a message to the launcher longer than this goes through a file
@@ -68,17 +68,23 @@ def close_all() -> None:
         w.close()
 
 
+class WarmLaunchError(StokerError):
+    """The warm launcher could not start the ranks (it died, timed out, or could not fork)."""
+
+
 class WarmLauncher:
     """This node's zygote (started at once; its imports go on in the background) and the socket to it."""
 
     def __init__(self, env: Mapping[str, str], cwd: str | None = None) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, "-m", "stoker.distributed.zygote", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_owner)
+        self.log = tempfile.TemporaryFile()  # its own stderr (not the task's log: it outlives nothing of it)
+        self.proc = subprocess.Popen([sys.executable, "-m", "stoker.distributed.zygote", str(theirs.fileno()),
+                                      str(os.getpid())], pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         theirs.close()
         self.env, self.cwd = dict(env), cwd
-        self.sock, self.pending, self.preloaded = mine, 0, {"loaded": [], "failed": {}, "s": 0.0, "threads": 1}
+        self.sock, self.pending, self.preloaded = mine, 0, {"loaded": [], "failed": {}, "s": 0.0, "threads": 1,
+                                                            "unsafe": ""}
         self.entries: set[tuple[str | None, str | None]] = set()
         self.events: list[dict[str, Any]] = []  # rank exits read while waiting for something else
 
@@ -89,7 +95,7 @@ class WarmLauncher:
         the run says which variables: what it imported may have read them."""
         for w in list(_LAUNCHERS):
             if not w.alive():
-                _LAUNCHERS.remove(w)
+                w.close()
                 continue
             changed = env_changes(w.env, env) + (["the working folder"] if cwd and w.cwd and cwd != w.cwd else [])
             if not changed:
@@ -114,17 +120,19 @@ class WarmLauncher:
         self.pending += 1
 
     def ready(self, timeout: float = 600.0) -> dict[str, Any]:
-        """Wait for the imports asked for; what was loaded, what failed, how long it took."""
+        """Wait for the imports asked for; what was loaded, what failed, how long it took, and why a fork would not be
+        safe ("unsafe": the ranks then start as new processes)."""
         deadline = time.monotonic() + timeout
         while self.pending:
             msg = self._recv(deadline - time.monotonic())
             if msg is None:
-                raise RuntimeError(f"the warm launcher did not finish its imports in {timeout:.0f} s")
+                raise WarmLaunchError(f"the warm launcher did not finish its imports in {timeout:.0f} s")
             if msg["op"] == "preloaded":
                 self.pending -= 1
                 self.preloaded = {**msg, "loaded": self.preloaded["loaded"] + msg["loaded"],
                                   "failed": {**self.preloaded["failed"], **msg["failed"]},
-                                  "s": self.preloaded["s"] + msg["s"]}
+                                  "s": self.preloaded["s"] + msg["s"], "unsafe": msg["unsafe"] or
+                                  self.preloaded["unsafe"]}
             else:
                 self.events.append(msg)
         return self.preloaded
@@ -137,18 +145,24 @@ class WarmLauncher:
         env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **env}  # as torchrun: the user's value wins
         fresh = os.environ.get(OFF_ENV, env.get(OFF_ENV, "1")) == "0"
         pipes: list[tuple[int, int]] = [os.pipe() for _ in range(2 * len(ranks))] if tee else []
-        fds = [w for _, w in pipes] if tee else [1, 2] * len(ranks)
-        self.events.clear()
-        self._send({"op": "launch", "env": dict(env), "ranks": ranks, "argv": list(args), "module": module,
-                    "script": script, "cwd": cwd, "fresh": fresh}, fds)
-        for _, w in pipes:
-            os.close(w)
-        while True:
-            msg = self._recv(60.0)
-            if msg is None:
-                raise RuntimeError("the warm launcher did not start the ranks")
-            if msg["op"] == "launched":
-                break
+        try:
+            for i in range(len(ranks)):  # each rank's stdout and stderr, one rank a message (a datagram holds 253)
+                self._send({"op": "fds"}, [pipes[2 * i][1], pipes[2 * i + 1][1]] if tee else [1, 2])
+            self.events.clear()
+            self._send({"op": "launch", "env": dict(env), "ranks": ranks, "argv": list(args), "module": module,
+                        "script": script, "cwd": cwd, "fresh": fresh})
+        finally:
+            for _, w in pipes:
+                os.close(w)
+        deadline = time.monotonic() + 60
+        while (msg := self._recv(deadline - time.monotonic())) is None or msg["op"] not in ("launched", "error"):
+            if msg is None:  # it never answered: whatever it forked goes with it
+                self.close()
+                raise WarmLaunchError("the warm launcher did not start the ranks in 60 s")
+        if msg["op"] == "error":
+            for r, _ in pipes:
+                os.close(r)
+            raise WarmLaunchError(f"the warm launcher could not start the ranks: {msg['error']}")
         return Ranks(self, msg["pids"], [int(r["RANK"]) for r in ranks], [r for r, _ in pipes], grace,
                      bool(msg["fresh"]))
 
@@ -164,48 +178,66 @@ class WarmLauncher:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        self.log.close()
         if self in _LAUNCHERS:
             _LAUNCHERS.remove(self)
 
     def _send(self, doc: dict[str, Any], fds: Sequence[int] = ()) -> None:
         data = json.dumps(doc).encode()
         if len(data) > MAX_INLINE:  # one datagram holds ~200 KB: a larger environment goes by a file only we read
-            import tempfile
-
             fd, path = tempfile.mkstemp(prefix="stoker-launch-", suffix=".json")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             data = json.dumps({"op": doc["op"], "file": path}).encode()
-        if fds:
-            socket.send_fds(self.sock, [data], list(fds))
-        else:
-            self.sock.send(data)
+        try:
+            if fds:
+                socket.send_fds(self.sock, [data], list(fds))
+            else:
+                self.sock.send(data)
+        except OSError as e:
+            raise WarmLaunchError(f"the warm launcher is gone ({e}){self._said()}") from None
 
     def _recv(self, timeout: float) -> dict[str, Any] | None:
-        """The zygote's next message within `timeout` seconds, else None; its end raises RuntimeError."""
-        self.sock.settimeout(max(0.0, timeout))
+        """The zygote's next message within `timeout` seconds, else None; its end raises WarmLaunchError."""
+        self.sock.settimeout(max(0.001, timeout))
         try:
             data = self.sock.recv(1 << 20)
         except (TimeoutError, BlockingIOError):
             return None
+        except OSError as e:
+            raise WarmLaunchError(f"the warm launcher is gone ({e}){self._said()}") from None
         finally:
-            self.sock.settimeout(None)
+            if self.sock.fileno() >= 0:
+                self.sock.settimeout(None)
         if not data:
-            raise RuntimeError(f"the warm launcher ended (exit code {self.proc.poll()})")
+            raise WarmLaunchError(f"the warm launcher ended (exit code {self.proc.poll()}){self._said()}")
         return json.loads(data)
+
+    def _said(self) -> str:
+        """The end of what the zygote wrote on its stderr (why it died), as `: ...`, or ""."""
+        try:
+            self.log.seek(0)
+            tail = self.log.read().decode(errors="replace").strip().splitlines()[-3:]
+        except (OSError, ValueError):
+            return ""
+        return f": {' | '.join(tail)}" if tail else ""
 
 
 class Ranks:
     """One launch's ranks on this node, as torchrun's process is to `_spawn`: wait for them, stop them, and say how
-    they ended (`finish`, `codes`)."""
+    they ended (`finish`, `codes`). A rank that ends non-zero before stoker stopped any is a failure of its own (its
+    code is in `codes`, what the gang acts on); the ranks stoker then stopped (SIGTERM, SIGKILL after the grace) are
+    reported as stopped, as torchrun does not report the workers it stops."""
 
     def __init__(self, launcher: WarmLauncher, pids: list[int], ranks: list[int], outs: list[int], grace: float,
                  fresh: bool) -> None:
         self.launcher, self.pids, self.ranks, self.grace, self.fresh = launcher, pids, ranks, grace, fresh
         self.pid = launcher.proc.pid
         self.exits: dict[int, int] = {}  # local rank -> exit code (-N: killed by signal N)
+        self.own: dict[int, int] = {}  # local rank -> exit code, of the ranks that failed before any was stopped
         self.stopping_at: float | None = None
-        self.killed = self.failed_first = False
+        self.killed = self.lost = False
         self.codes: set[int] = set()
         self.pumps = [threading.Thread(target=_pump, args=(fd, ranks[i // 2], 1 + i % 2), daemon=True,
                                        name=f"rank-{ranks[i // 2]}-out") for i, fd in enumerate(outs)]
@@ -230,22 +262,25 @@ class Ranks:
                 raise subprocess.TimeoutExpired("ranks", timeout or 0)
             try:
                 msg = self.launcher._recv(left)
-            except RuntimeError:  # the zygote died: its ranks died with it (SIGKILL)
+            except WarmLaunchError as e:  # the zygote died: its ranks died with it (SIGKILL), none of their own
+                print(f"stoker: {e}", file=sys.stderr, flush=True)
+                self.lost = True
                 self.exits.update({i: self.exits.get(i, -signal.SIGKILL) for i in range(len(self.pids))})
                 break
             if msg is not None:
                 self._note(msg)
+        end = time.monotonic() + 5  # their output, to its last line (a grandchild that holds a pipe is not waited for)
         for t in self.pumps:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, end - time.monotonic()))
         return 0 if all(c == 0 for c in self.exits.values()) else 1
 
     def _note(self, msg: dict[str, Any]) -> None:
         if msg.get("op") != "exit" or msg.get("pid") not in self.pids:
             return
         self.exits[int(msg["rank"])] = code = int(msg["code"])
-        if code != 0 and not self.killed:
-            self.failed_first = True  # a rank failed of its own, before stoker killed any
-            if self.stopping_at is None and len(self.exits) < len(self.pids):
+        if code != 0 and self.stopping_at is None and not self.killed:
+            self.own[int(msg["rank"])] = code  # a failure of its own, before stoker stopped any
+            if len(self.exits) < len(self.pids):
                 self.terminate()  # as torchrun: one rank failed, the node's others stop
 
     def poll(self) -> int | None:
@@ -260,35 +295,44 @@ class Ranks:
         self.launcher.signal(signal.SIGTERM)
 
     def term_workers(self) -> None:
-        """SIGTERM to every rank (a preemption: they checkpoint and stop); the caller keeps the deadline."""
-        self.launcher.signal(signal.SIGTERM)
+        """SIGTERM to every rank (a preemption: they checkpoint and stop); what they exit with is not a failure of
+        their own."""
+        self.terminate()
 
     def kill(self) -> None:
         self.killed = True
         self.launcher.signal(signal.SIGKILL)
 
     def finish(self, preempted: bool, node: int | str = 0, succeeded: bool = False) -> None:
-        """Say how the ranks ended (torchrun's report, in one line per failed rank); an expected stop (`preempted`:
-        every rank that reported said 75) in one line."""
+        """Say how the ranks ended (torchrun's report, one line per rank that failed of its own, one line for those
+        stoker stopped); an expected stop (`preempted`: every rank that reported said 75) in one line."""
         failed = {self.ranks[i]: c for i, c in sorted(self.exits.items()) if c != 0}
-        self.codes = set(failed.values())
         if not failed:
             return
-        if preempted and not self.codes - _STOP_CODES:
+        if preempted and not set(failed.values()) - _STOP_CODES:
             print(f"torchrun: node {node}: every worker stopped after a preemption (exit code {EXIT_PREEMPTED}, "
                   "checkpoint committed)", file=sys.stderr, flush=True)
             return
-        if self.killed and not self.failed_first:
-            print(f"torchrun: node {node}: its ranks were stopped (SIGKILL)", file=sys.stderr, flush=True)
-            return  # stoker killed them (a new generation): none failed of its own
-        for rank, code in failed.items():
-            how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
+        own = {self.ranks[i]: c for i, c in sorted(self.own.items())}
+        self.codes = set(own.values())
+        for rank, code in own.items():
+            how = f"killed by signal {-code} ({_signame(-code)})" if code < 0 else f"exit code {code}"
             print(f"torchrun: node {node}: rank {rank} failed (exitcode: {code}): {how}", file=sys.stderr,
                   flush=True)
+        if stopped := sorted(set(failed) - set(own)):
+            why = "its warm launcher died" if self.lost else "stopped by stoker"
+            print(f"torchrun: node {node}: rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} "
+                  f"{why}", file=sys.stderr, flush=True)
 
 
-def _die_with_owner() -> None:
-    die_with_parent(signal.SIGKILL)  # it ignores SIGTERM (a cancel is for its ranks): its owner's end ends it
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+_OUT_LOCKS = {1: threading.Lock(), 2: threading.Lock()}  # ranks' lines never mix on this process's stdout, stderr
 
 
 def _pump(fd: int, rank: int, out: int) -> None:
@@ -306,7 +350,8 @@ def _pump(fd: int, rank: int, out: int) -> None:
 
 def _write(fd: int, data: bytes) -> None:
     try:
-        while data:
-            data = data[os.write(fd, data):]
+        with _OUT_LOCKS[fd]:
+            while data:
+                data = data[os.write(fd, data):]
     except OSError:  # the log went away: the rank must not block on a full pipe
         pass

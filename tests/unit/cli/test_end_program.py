@@ -1,5 +1,6 @@
 """A flow file run as a program ends without the interpreter's teardown (_process.end_program), as Python's exit
-would otherwise end it: its exit status, everything it printed, its atexit handlers and the threads Python waits for.
+would otherwise end it: its exit status, everything it printed, its atexit handlers and the threads Python waits for
+(an executor's workers included, which end through threading's own exit hook).
 Under a runner (`runpy`, `python -m cProfile`) the runner's own code still runs after the flow."""
 
 from __future__ import annotations
@@ -8,11 +9,14 @@ import subprocess
 import sys
 
 FLOW = '''
-import atexit, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 from stoker import FlowSpec, step
 
 atexit.register(lambda: print("atexit ran", flush=True))
 threading.Thread(target=lambda: (time.sleep(0.3), print("thread ended", flush=True))).start()
+# an executor never shut down: its worker threads end through threading's exit hook, as at Python's exit
+EXECUTOR = concurrent.futures.ThreadPoolExecutor(1)
+EXECUTOR.submit(lambda: print("executor ran", flush=True))
 
 
 class EndFlow(FlowSpec):
@@ -41,6 +45,7 @@ def test_the_program_ends_as_pythons_exit_would(tmp_path):
     p = _run(tmp_path, "end_flow.py", "run")
     assert p.returncode == 0, p.stderr
     assert "x" * 200000 in p.stdout and "thread ended" in p.stdout and p.stdout.rstrip().endswith("atexit ran")
+    assert "executor ran" in p.stdout
     assert "succeeded" in p.stdout + p.stderr
     bad = _run(tmp_path, "end_flow.py", "run", "--no-such-option")
     assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
