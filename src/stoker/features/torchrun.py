@@ -43,11 +43,15 @@ class TorchrunDecorator(ParallelDecorator):
         return n
 
     def plan_problem(self, resources: dict[str, Any], options: dict[str, Any]) -> str | None:
-        """spares that are no count of nodes; nproc_per_node that the node's devices cannot take
-        (distributed/accel.py)."""
+        """spares that are no count of nodes, or with max_restarts (torchrun's, which a gang with spares does not
+        run); nproc_per_node that the node's devices cannot take (distributed/accel.py)."""
         k = self.attributes.get("spares") or 0
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             return f"@torchrun(spares={k!r}): give the number of spare nodes, an int of 0 or more"
+        if k and self.attributes.get("max_restarts"):
+            return (f"@torchrun(spares={k}, max_restarts={self.attributes['max_restarts']!r}): a gang with spares "
+                    f"starts its ranks from a warm launcher, not torchrun, and replaces a lost node by a spare instead "
+                    f"of restarting the workers in place: drop max_restarts (or the spares)")
         n = self.attributes.get("nproc_per_node")
         if not n:
             return None

@@ -277,3 +277,14 @@ def test_many_ranks_a_node_and_how_a_rank_ends(entry, capfd):
         assert f"[default{r}]:rank={r} cfg={r} session=True nofile=True" in out, out
         assert (entry.parent / f"out-{r}.txt").read_text() == "written"
     assert out.count("executor ran") == 40
+
+
+def test_max_restarts_with_spares_is_refused_before_anything_runs():
+    """torchrun's in-place restarts do not exist for a gang with spares (its ranks are the warm launcher's): said at
+    launch, with the fix, instead of being ignored."""
+    from stoker.features.torchrun import TorchrunDecorator
+
+    problem = TorchrunDecorator({"spares": 1, "max_restarts": 2}).plan_problem({}, {})
+    assert problem and "max_restarts" in problem and "drop max_restarts (or the spares)" in problem
+    assert TorchrunDecorator({"spares": 1}).plan_problem({}, {}) is None
+    assert TorchrunDecorator({"max_restarts": 2}).plan_problem({}, {}) is None
