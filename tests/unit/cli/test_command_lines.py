@@ -139,7 +139,7 @@ CASES: dict[str, Case] = {
     "stoker.train.collectives --sizes x": M("stoker.train.collectives", "--sizes", "x", code=USAGE),
     "stoker._process --reap x": M("stoker._process", "--reap", "x", text="--reap GRACE_SECONDS"),
     "stoker.distributed.zygote, no socket": M("stoker.distributed.zygote", "7", code=USAGE,
-                                              text="which starts it"),
+                                              text="the launcher starts it"),
     "stoker.cli.guardian, no run": M("stoker.cli.guardian", code=USAGE, text="required"),
     "stoker.cli.main --limit x": M("stoker.cli.main", "runs", "--limit", "x", code=USAGE),
     "stoker.runtime.node, a bad spec": M("stoker.runtime.node", "--store", "{tmp}/s", "--code", "x", "--spec", "y",
