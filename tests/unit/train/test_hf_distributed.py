@@ -49,6 +49,9 @@ def _worker(rank: int, world: int, init_file: str, out: str) -> None:
             place = Shard(1) if (".wo." in k or ".w2." in k) else Replicate() if "norm" in k else Shard(0)
             sd[k] = distribute_tensor(v, mesh, [place])
         export_hf(sd, CFG, Path(out) / "tp", dtype=torch.float32)
+        # rank 1 is done first (rank 0 still writes the files): no rank tears its connections down while another
+        # still holds them (gloo aborted rank 1 with "terminate called without an active exception", once in CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
