@@ -386,10 +386,9 @@ class TorchrunHelper:
         status_dir, env = self._status_env(env)
         argv = _args_list(args)
         shown = redact_command([*(["-m", mod] if mod else [str(script)]), *argv])
-        warm = WarmLauncher.get(env, os.getcwd())
+        warm, grace = WarmLauncher.get(env, os.getcwd()), kill_grace(env)
         t0 = time.monotonic()
-        ranks = warm.launch(module=mod, script=script, args=argv, env=env, cwd=os.getcwd(), tee=self.tee,
-                            grace=kill_grace(env),
+        ranks = warm.launch(module=mod, script=script, args=argv, env=env, cwd=os.getcwd(), tee=self.tee, grace=grace,
                             ranks=[rank_env(self.node_rank, self.nnodes, n, i, self.master_addr, self.master_port)
                                    for i in range(n)])
         why = f" (the warm launcher has {unsafe}: not safe to fork)" if (unsafe := warm.preloaded.get("unsafe")) else ""
@@ -397,8 +396,7 @@ class TorchrunHelper:
             f"forked from the warm launcher ({warm.preloaded['s']:.1f} s of imports done before)"
         print(f"stoker: node {self.node_rank} runs {n} rank(s) {how} in {time.monotonic() - t0:.2f} s: {shown}",
               flush=True)
-        self._supervise(ranks, ranks, status_dir, kill_grace(env), "torchrun", f"ranks ... {_short(shown.split())}",
-                        cut_when)
+        self._supervise(ranks, ranks, status_dir, grace, "torchrun", f"ranks ... {_short(shown.split())}", cut_when)
 
     def _status_env(self, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
         status_dir = tempfile.mkdtemp(prefix="exit-", dir=current.get("tempdir") or None)
@@ -446,7 +444,7 @@ class _Torchrun:
     """torchrun's process, as `_supervise` stops it: its workers first (SIGTERM), everything at once (SIGKILL)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.pid = proc, proc.pid
+        self.proc = proc
 
     def wait(self, timeout: float | None = None) -> int:
         return self.proc.wait(timeout=timeout)

@@ -233,7 +233,6 @@ class Ranks:
     def __init__(self, launcher: WarmLauncher, pids: list[int], ranks: list[int], outs: list[int], grace: float,
                  fresh: bool) -> None:
         self.launcher, self.pids, self.ranks, self.grace, self.fresh = launcher, pids, ranks, grace, fresh
-        self.pid = launcher.proc.pid
         self.exits: dict[int, int] = {}  # local rank -> exit code (-N: killed by signal N)
         self.own: dict[int, int] = {}  # local rank -> exit code, of the ranks that failed before any was stopped
         self.stopping_at: float | None = None
@@ -282,12 +281,6 @@ class Ranks:
             self.own[int(msg["rank"])] = code  # a failure of its own, before stoker stopped any
             if len(self.exits) < len(self.pids):
                 self.terminate()  # as torchrun: one rank failed, the node's others stop
-
-    def poll(self) -> int | None:
-        try:
-            return self.wait(0)
-        except subprocess.TimeoutExpired:
-            return None
 
     def terminate(self) -> None:
         if self.stopping_at is None:
