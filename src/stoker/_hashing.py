@@ -4,8 +4,11 @@ runs beside its writer (:class:`PipelinedHash`).
 
 A content key names its hash: 64 hex digits are a sha256 (every blob stored before BLAKE3, and the blobs whose
 key other code recomputes with sha256, such as the Neuron cache's), ``b3-`` and 64 hex digits a BLAKE3 (the
-blobs of artifacts: ~2.5x sha256's speed on one core, and it spreads a large buffer over every core). Both stay
-readable; :func:`key_algo` tells which a key uses.
+blobs of artifacts: ~2.5x sha256's speed on one core). Both stay readable; :func:`key_algo` tells which a key uses.
+
+Every hash here runs on the calling thread (BLAKE3 with one thread, never its ``AUTO`` pool): stoker's processes
+fork (the driver, the fork server, the node agent, the warm launcher), and a native thread pool started before a
+``fork()`` does not exist in the child, whose first large hash would then wait for it forever.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def preferred_algo() -> str:
 
 
 def new_hash(algo: str) -> Any:
-    """A hashlib-like object (``update``, ``hexdigest``) of ``algo``; BLAKE3 uses every core on large updates.
+    """A hashlib-like object (``update``, ``hexdigest``) of ``algo``, single-threaded (safe across ``fork()``).
     ImportError (with the fix) when BLAKE3 is asked for and its package is missing."""
     if algo == SHA256:
         return hashlib.sha256()
@@ -64,7 +67,7 @@ def new_hash(algo: str) -> Any:
         import blake3
     except ImportError as e:
         raise ImportError("this blob is addressed by its BLAKE3 hash (key b3-...): pip install blake3") from e
-    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    return blake3.blake3()  # max_threads=1: no pool that a fork() would leave dead in the child
 
 
 def key_of(algo: str, hexdigest: str) -> str:
@@ -82,7 +85,7 @@ def content_key(data: Any, algo: str) -> str:
 
 def file_key(path: str | os.PathLike, algo: str) -> str:
     """The content key of a file under ``algo``, read through a memory map (its pages are the page cache's, which
-    a later memory map of the same file then finds; BLAKE3 hashes them on every core)."""
+    a later memory map of the same file then finds)."""
     h = new_hash(algo)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
