@@ -25,8 +25,9 @@ Environment:
                                 file:// too); "pip": don't probe, use pip's configuration
     STOKER_TORCH_BUILD          "cpu" or "default" (PyPI's build: CUDA on Linux): skip the detection
     STOKER_TORCH_PROBE_TIMEOUT  seconds to wait for the CPU index (default 3)
-    STOKER_DEVICE_ROOT          where /proc/driver/nvidia and /dev/neuron* are looked for (default /; tests use a
-                                fake root)
+    STOKER_DEVICE_ROOT          where /proc/driver/nvidia and /dev/neuron* are looked for (default /)
+    STOKER_NVIDIA_SMI           the nvidia-smi looked for (default: nvidia-smi on PATH); these two are the fakes
+                                that tests/unit/test_setup_install.py uses for "a machine with/without a GPU"
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def installed_torch() -> str | None:
         return None
 
 
-def devices(root: str) -> tuple[str | None, str | None]:
+def devices(root: str, smi_name: str = "nvidia-smi") -> tuple[str | None, str | None]:
     """(why we think there is an NVIDIA driver, why we think there are Neuron devices), None where not."""
     nvidia = None
-    smi = shutil.which("nvidia-smi")
+    smi = shutil.which(smi_name)
     if smi:
         nvidia = f"{smi} is on PATH"
     elif os.path.isdir(os.path.join(root, "proc/driver/nvidia")):
@@ -75,7 +76,7 @@ def probe(index: str, timeout: float) -> str | None:
     if url.startswith("file:"):
         path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
         return None if os.path.isdir(path) else f"{path} is not a folder"
-    result: list[str | None] = ["no answer in %gs" % timeout]
+    result: list[str | None] = [f"no answer in {timeout:g}s"]
 
     def ask() -> None:
         try:
@@ -102,7 +103,7 @@ def choose(env: dict[str, str] | None = None) -> list[str]:
     build = env.get("STOKER_TORCH_BUILD", "").strip().lower()
     if build not in ("", "cpu", "default"):
         raise SystemExit(f"scripts/setup: STOKER_TORCH_BUILD={build!r}: expected 'cpu' or 'default'")
-    nvidia, neuron = devices(env.get("STOKER_DEVICE_ROOT") or "/")
+    nvidia, neuron = devices(env.get("STOKER_DEVICE_ROOT") or "/", env.get("STOKER_NVIDIA_SMI") or "nvidia-smi")
     default = [f"torch=={TORCH_VERSION}"]
     if build == "default" or (not build and nvidia):
         why = "STOKER_TORCH_BUILD=default" if build else f"an NVIDIA driver ({nvidia})"
