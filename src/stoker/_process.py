@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
@@ -99,7 +100,6 @@ def end_program(code: object) -> NoReturn:
     """End this process with ``code`` (a SystemExit's: None, a number, or a message printed on stderr with 1), as
     Python's exit does, without its teardown. Only for the process's own program: nothing may run after it."""
     import atexit
-    import threading
 
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
@@ -120,6 +120,98 @@ def end_program(code: object) -> NoReturn:
         except (OSError, ValueError, AttributeError):  # closed, or replaced by something without flush
             pass
     os._exit(code or 0)
+
+
+# -- fork safety -------------------------------------------------------------------------------------------------
+# stoker forks (the run's fork server and members, the reaper, the Slurm node agent, the warm launcher's ranks). A
+# native thread pool alive in the parent does not exist in the child, and a library that believes it does waits for
+# it forever. What is made safe here, for every fork of a process that imported this module (docs/fork-safety.md):
+# an OpenMP runtime's pool (torch's intra-op threads) is released before the fork (omp_pause_resource_all), so
+# parent and child each start a new one at their next parallel region. What cannot be made safe (CUDA initialized,
+# a device runtime imported) is what unsafe_to_fork() names: each fork point then refuses or starts a new process.
+
+DEVICE_RUNTIMES = ("torch_xla", "torch_neuronx", "neuronx_distributed", "libneuronxla", "jax", "tensorflow")
+_OPENMP = ("libgomp", "libiomp", "libomp")  # GNU's (torch's wheels), Intel's, LLVM's: each has omp_pause_resource_all
+_openmp: dict[str, Any] = {}  # a loaded OpenMP runtime's path -> its handle
+_modules_seen = [-1]  # len(sys.modules) when /proc/self/maps was last read for OpenMP runtimes
+_OMP_PAUSE_HARD = 2
+
+
+def _maps() -> str:
+    try:
+        with open("/proc/self/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _openmp_runtimes() -> list[Any]:
+    """The OpenMP runtimes loaded in this process (read again only after an import: loading one takes an import)."""
+    if len(sys.modules) != _modules_seen[0]:
+        _modules_seen[0] = len(sys.modules)
+        for line in _maps().splitlines():
+            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+            if os.path.basename(path).startswith(_OPENMP) and path not in _openmp:
+                try:  # RTLD_NOLOAD: a handle on the copy already loaded, never a second one
+                    _openmp[path] = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY).omp_pause_resource_all
+                except (OSError, AttributeError):
+                    _openmp[path] = None
+    return [f for f in _openmp.values() if f is not None]
+
+
+def release_native_pools() -> None:
+    """Stop the OpenMP thread pools of this process (torch's intra-op threads): run before every fork. A child of a
+    process whose GNU OpenMP pool had run waits forever at its first parallel region (torch 2.x on CPU); after a
+    pause each process starts its own pool at its next parallel region (microseconds)."""
+    if not sys.platform.startswith("linux"):
+        return
+    for pause in _openmp_runtimes():
+        try:
+            pause(_OMP_PAUSE_HARD)
+        except Exception:  # noqa: BLE001 - a runtime that cannot pause: unsafe_to_fork() still sees its threads
+            pass
+
+
+def python_threads() -> list[str]:
+    """The names of this process's other live Python threads (a forked child has none of them)."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me and t.is_alive()]
+
+
+def native_threads() -> int:
+    """Threads of this process (Python's and native ones: BLAS, OpenMP, rayon pools), from /proc/self/task."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def cuda_initialized() -> bool:
+    """Whether CUDA was initialized here (a forked child cannot use it: torch refuses, other libraries fail)."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return True
+    return "libcuda.so" in _maps()
+
+
+def unsafe_to_fork(runtimes: tuple[str, ...] = DEVICE_RUNTIMES, max_threads: int | None = None) -> str:
+    """Why a child forked from this process now would fail or hang ("" when it would not): a device runtime
+    imported (its threads and handles are not in the child), CUDA initialized, and with ``max_threads`` more threads
+    than that (Python's and native ones, counted after the OpenMP pools are released)."""
+    if found := sorted({m.split(".")[0] for m in sys.modules} & set(runtimes)):
+        return f"{', '.join(found)} imported"
+    if cuda_initialized():
+        return "CUDA initialized"
+    if max_threads is not None:
+        release_native_pools()
+        if (n := native_threads()) > max_threads:
+            names = python_threads()
+            return f"{n} threads" + (f" (Python's: {', '.join(names)})" if names else "")
+    return ""
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=release_native_pools)
 
 
 class Reaper:
@@ -183,8 +275,6 @@ class Reaper:
     def join(self, timeout: float = 5.0) -> None:
         """Wait for it to exit; timeout 0: do not wait (a short run's reaper may still be starting), reap it on a
         daemon thread (no zombie is left in a process that goes on)."""
-        import threading
-
         if self.proc is not None:
             wait: Any = self.proc.wait
         else:

@@ -14,6 +14,7 @@ import math
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -55,6 +56,30 @@ def s3_client(error: type[StokerError] = StoreError, what: str = "s3:// storage"
                          max_pool_connections=max(10, 2 * config.concurrency),
                          s3={"payload_signing_enabled": False}, response_checksum_validation="when_required")
     return session.client("s3", endpoint_url=config.endpoint_url, config=boto_config)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every S3Objects of this process (a forked child resets them)
+
+
+def drop_connections(client: Any) -> None:
+    """Close ``client``'s pooled connections on this side (a forked child: its parent keeps its own, and both
+    reading one TLS stream would mix their replies); the client opens new ones at its next request."""
+    try:
+        client._endpoint.http_session.close()
+    except Exception:  # noqa: BLE001 - another client (a test's stand-in): nothing pooled to drop
+        pass
+
+
+def _after_fork_in_child() -> None:
+    """A forked member inherits the run's stores: new connections (not the parent's sockets) and transfer slots
+    (a slot a parent's thread held when it forked would never be released here)."""
+    for store in list(_LIVE):
+        store._slots = threading.BoundedSemaphore(store.config.concurrency)
+        drop_connections(store.client)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def error_code(err: BaseException) -> str:
@@ -101,6 +126,7 @@ class S3Objects(ObjectStore):
         # parallel multipart upload) and concurrent streamed uploads share ``concurrency`` slots, so memory and
         # connections stay at ``concurrency`` parts however transfers nest. Only leaf requests take a slot.
         self._slots = threading.BoundedSemaphore(self.config.concurrency)
+        _LIVE.add(self)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> S3Objects:
