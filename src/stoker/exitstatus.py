@@ -17,6 +17,13 @@ from typing import Any
 from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, ConfigError, Preempted, StokerError
 
 ENV = "STOKER_EXIT_STATUS_DIR"
+EXIT_HANG = 79  # a task whose hang watchdog had to end it (its step did not unwind): cause `hang`
+
+
+class TaskHang(StokerError):
+    """The task (or its ranks) made no progress for its hang timeout: stopped, its stacks recorded (cause `hang`)."""
+
+    exit_code = EXIT_HANG
 
 
 def exit_code_for(exc: BaseException) -> int:

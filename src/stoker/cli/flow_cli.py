@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker._process import end_program
-from stoker.cli.argtypes import positive_int
+from stoker.cli.argtypes import number_at_least, positive_int
 from stoker.cli.errors import run_cli
 from stoker.cli.guardian import start_guardian
 from stoker.cli.top_options import split_top_options
@@ -43,6 +43,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-preflight", action="store_true", help="skip the node checks a @torchrun gang runs "
                    "before its command (devices, EFA, imports, data, disk, an all_reduce); sets STOKER_PREFLIGHT=0 "
                    "for the run's tasks")
+    p.add_argument("--hang-timeout", type=number_at_least(0), default=None, metavar="SECONDS",
+                   help="stop a gang or @torchrun step whose task and ranks print nothing for this long, its stacks "
+                   "recorded, cause hang (default 1800; 0: off; a step's @timeout(hang=S) wins)")
     p.add_argument("--smoke", action="store_true", help="a smoke run of the same flow: gangs on at most 2 nodes, "
                    "about 20 training steps with a checkpoint, then stop; prints what the full run costs per hour")
 
@@ -327,9 +330,11 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         request = RunRequest(origin_run_id=origin, rerun_steps=rerun)
     request.with_specs, request.tags, request.max_workers = with_specs, list(args.tag or []), args.max_workers
     request.run_id_file, request.quiet, request.on_submit = args.run_id_file, args.quiet, guard
+    request.hang_timeout_s = args.hang_timeout
     request.run_id, request.project_options = _runner_run_id(args, flow_cls), _project_options(args)
     request.resume_options = ([f"--backend={args.backend}"] if args.backend != "local" else []) + [
-        f"--with={w}" for w in with_specs]
+        f"--with={w}" for w in with_specs] + ([f"--hang-timeout={args.hang_timeout:g}"]
+                                              if args.hang_timeout is not None else [])
     result = start_run(flow_cls, router, request)
     guard.done()
     if args.smoke:

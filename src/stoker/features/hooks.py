@@ -74,6 +74,13 @@ def deadline(func: Callable) -> tuple[float, str] | None:
     return min(limits, key=lambda x: x[0]) if limits else None
 
 
+def hang_limit_s(func: Callable) -> float | None:
+    """Seconds without progress (no output from the task or its ranks) after which an attempt of the step is stopped
+    as hung, as the step's decorators set it (`hang_s`); None: the run's default (runtime/member/watchdog.py)."""
+    found = [s for d in _decorators(func) if (s := getattr(d, "hang_s", lambda: None)()) is not None]
+    return min(found) if found else None
+
+
 def fallback_attempts(func: Callable, node_kind: str) -> tuple[int, str]:
     """(attempts, the note the run prints) that record a failure once the step's own attempts are spent."""
     found = [(n, d.fallback_note) for d in _decorators(func) if (n := d.fallback_attempts(node_kind)) > 0]

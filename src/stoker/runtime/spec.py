@@ -81,6 +81,7 @@ class TaskSpec:
     flow_file: str = ""
     flow_class: str = ""
     with_decorators: list[str] = field(default_factory=list)  # --with specs, re-applied in the task process
+    hang_timeout_s: float | None = None  # run --hang-timeout: gangs' hang timeout (None: the default; 0: off)
 
     @property
     def pathspec(self) -> str:

@@ -25,16 +25,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED
+from stoker.exitstatus import EXIT_HANG
 
 USER, CONFIG, OOM, NODE, NETWORK = "user", "config", "oom", "node", "network"
 PREEMPTION, TIME_LIMIT, DATA, STOKER, CANCELLED = "preemption", "time_limit", "data", "stoker", "cancelled"
+HANG = "hang"  # no progress for the hang timeout: stopped by the task's watchdog (runtime/member/watchdog.py)
 LABELS = {USER: "user code error", CONFIG: "configuration error", OOM: "out of memory",
           NODE: "node lost / engine failure", NETWORK: "network/collective timeout", PREEMPTION: "preemption",
-          TIME_LIMIT: "time limit", DATA: "data/IO error", STOKER: "stoker's own error", CANCELLED: "cancelled"}
+          TIME_LIMIT: "time limit", DATA: "data/IO error", STOKER: "stoker's own error", CANCELLED: "cancelled",
+          HANG: "hang (no progress)"}
 # retry policies: never; under @retry (counted); under @retry unless it repeats identically; a preemption's own
 NEVER, RETRY, UNLESS_REPEATED, PREEMPTED = "never", "retry", "unless_repeated", "preemption"
 POLICY = {USER: UNLESS_REPEATED, CONFIG: NEVER, OOM: UNLESS_REPEATED, NODE: RETRY, NETWORK: RETRY,
-          PREEMPTION: PREEMPTED, TIME_LIMIT: RETRY, DATA: UNLESS_REPEATED, STOKER: NEVER, CANCELLED: NEVER}
+          PREEMPTION: PREEMPTED, TIME_LIMIT: RETRY, DATA: UNLESS_REPEATED, STOKER: NEVER, CANCELLED: NEVER,
+          HANG: RETRY}
 INFRASTRUCTURE = (NODE, NETWORK)  # a host blamed for these twice is excluded where the engine can choose hosts
 
 NEVER_STARTS = "the engine can never start it"  # the scheduler's stop reason for a request the engine refuses
@@ -47,7 +51,7 @@ DATA_TYPES = {"DataError", "CheckpointError", "StoreError", "CorruptBlobError", 
 OOM_TYPES = {"MemoryError", "OutOfMemoryError"}
 NODE_TYPES = {"NodeLost"}  # the driver's record of a gang node whose heartbeats stopped (runtime/driver/lostnodes.py)
 # what stoker raises on purpose about the step's own input: not stoker's own error even where no step frame shows
-DELIBERATE = {"StokerError", "BackendError", "TrainingError", "TaskFailed", "Preempted", "StepTimeout",
+DELIBERATE = {"StokerError", "BackendError", "TrainingError", "TaskFailed", "Preempted", "StepTimeout", "TaskHang",
               "FailureHandledByCatch"}
 WRAPPERS = {"ChildFailedError", "SignalException", "StokerError", "CalledProcessError", "TaskDied"}
 
@@ -161,7 +165,7 @@ def classify(manifest: dict | None, status: Any = None, log_tail: str = "", *, s
     ``log_tail``: the end of its stderr and stdout, ``stop_reason``: why stoker stopped it (None: it did not),
     ``host_oom``: the kernel's OOM killer ran while it did (stoker.runtime.driver.attribution reads /proc/vmstat)."""
     f = _facts(manifest, status, log_tail, stop_reason, host_oom)
-    for rule in (_stopped, _preempted, _time_limit, _configured, _engine, _typed, _patterns):
+    for rule in (_stopped, _preempted, _time_limit, _hang, _configured, _engine, _typed, _patterns):
         found = rule(f)
         if found is not None:
             return found
@@ -225,6 +229,15 @@ def _time_limit(f: _Facts) -> Cause | None:
         return cause(TIME_LIMIT, f"{f.etype}: {f.message}")
     if _ENGINE_TIME.search(f.reason):
         return cause(TIME_LIMIT, f.reason)
+    return None
+
+
+def _hang(f: _Facts) -> Cause | None:
+    if f.etype == "TaskHang":
+        return cause(HANG, f"{f.etype}: {f.message}")
+    if f.code == EXIT_HANG and f.died:  # the watchdog ended a step that did not unwind
+        return cause(HANG, f"exit code {EXIT_HANG}: the task's watchdog ended it (no progress for its hang timeout; "
+                           f"its stacks are in its log)")
     return None
 
 

@@ -37,6 +37,7 @@ class RunRequest:
     on_submit: Callable[[JobRef, str, str], None] | None = None  # told of every remote job (the guardian)
     project_options: dict[str, Any] | None = None  # @project's `branch` / `production` from the command line
     resume_options: list[str] = field(default_factory=list)  # what `resume` must repeat (--backend, --with)
+    hang_timeout_s: float | None = None  # --hang-timeout: no progress this long stops a gang as hung (0: off)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class RunContext:
     flow_file: str = ""
     with_specs: list[str] = field(default_factory=list)
     package: tuple[str, str] | None = None  # (blob key, flow path) of the code package, for remote backends
+    hang_timeout_s: float | None = None  # the run's hang timeout for gangs (runtime/member/watchdog.py)
 
     @property
     def flow(self) -> str:
@@ -70,4 +72,5 @@ class RunContext:
                         max_attempts=max_attempts, inputs=inputs, foreach=foreach, parallel=parallel,
                         iteration=iteration, run_inputs=self.run_inputs, user=self.user, tags=self.tags,
                         origin_run_id=self.origin_run_id, store_url=self.store.url, flow_file=self.flow_file,
-                        flow_class=self.flow_cls.__name__, with_decorators=self.with_specs)
+                        flow_class=self.flow_cls.__name__, with_decorators=self.with_specs,
+                        hang_timeout_s=self.hang_timeout_s)

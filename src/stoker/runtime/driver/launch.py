@@ -251,7 +251,7 @@ def _set_up(flow_cls: type, router: Router, req: RunRequest) -> tuple[RunContext
     ctx = RunContext(flow_cls=flow_cls, graph=graph, run_id=run_id, store=store, db=db, router=router,
                      run_inputs=run_inputs, user=user, tags=[*system_tags, *req.tags], origin=origin,
                      origin_run_id=req.origin_run_id, rerun_steps=set(req.rerun_steps), flow_file=flow_file,
-                     with_specs=list(req.with_specs), package=package)
+                     with_specs=list(req.with_specs), package=package, hang_timeout_s=req.hang_timeout_s)
     shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
              for k, v in values.items() if not isinstance(declared[k], Config)}
     configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}

@@ -17,7 +17,7 @@ from typing import Any
 
 from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
 from stoker.exitstatus import exit_code_for
-from stoker.features.hooks import TaskHooks
+from stoker.features.hooks import TaskHooks, hang_limit_s
 from stoker.flow.current import ParallelInfo, current, graph_info
 from stoker.flow.decorators import TaskContext
 from stoker.flow.frames import ForeachFrame, frames_from_json
@@ -26,6 +26,7 @@ from stoker.flow.spec import FlowSpec, Inputs, _ArtifactView
 from stoker.redact import redact_text
 from stoker.runtime.member.flowhooks import bind_task_configs
 from stoker.runtime.member.handover import hand_over
+from stoker.runtime.member.watchdog import Watchdog
 from stoker.runtime.spec import TaskSpec
 from stoker.store.artifacts import load_artifact, save_artifact, unchanged_since_load
 from stoker.store.blobs import BlobStore, open_store
@@ -94,7 +95,12 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     _enable_faulthandler()  # a segfault leaves its Python traceback in the task's stderr
     ctx.manifest = manifest = spec.manifest_head(started)  # hooks see it as a dict (Manifest's item access)
     manifest.python_version = sys.version.split()[0]  # Metaflow's task metadata `python_version` (platform's)
-    code = _run_step(ctx, hooks, manifest, call, graph)
+    watch = Watchdog.start(store, spec, hang_limit_s(func), tmp)  # `stoker stacks`; a hung step stopped
+    try:
+        code = _run_step(ctx, hooks, manifest, call, graph)
+    finally:
+        if watch is not None:
+            watch.stop()
     artifacts = dict(ctx.flow.__dict__["_inherited"])
     if code == 0:
         code = _save_artifacts(ctx, manifest, artifacts, parents)
