@@ -168,6 +168,10 @@ class BecomeRank(BaseException):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python: KeyboardInterrupt
         os.environ.clear()
         os.environ.update(env)
+        if env.get("STOKER_STACKS_DIR"):  # `stoker stacks`, hang detection: this rank's stack file (rankstacks.py)
+            from stoker.distributed._rankhook.stackhook import install
+
+            install()
         import random
 
         random.seed()  # a new process's seeds, not a copy of the zygote's (torch's default seed is fixed anyway)
