@@ -189,8 +189,8 @@ def native_threads() -> int:
 def cuda_initialized() -> bool:
     """Whether CUDA was initialized here (a forked child cannot use it: torch refuses, other libraries fail)."""
     cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
-        return True
+    if cuda is not None and hasattr(cuda, "is_initialized"):  # torch's answer, without reading its long maps
+        return bool(cuda.is_initialized())
     return "libcuda.so" in _maps()
 
 

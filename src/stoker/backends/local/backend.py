@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from stoker._process import _PARENT_ONLY_FDS, Reaper, kill_grace
+from stoker._process import _PARENT_ONLY_FDS, Reaper, kill_grace, unsafe_to_fork
 from stoker.backends.local import forkserver
 from stoker.backends.local.process import Member, fork_child, fork_member, server_members, spawn_member
 from stoker.errors import ConfigError
@@ -121,13 +121,23 @@ class LocalBackend(InProcessBackend):
         flow class, store and graph are final): their start-up (the server's ``preload``) then runs on another
         core while the scheduler registers the run and plans its first pass, instead of before the first task.
         A no-op in the other modes, unbound, or once started; ``close()`` stops both as always."""
-        if self.mode != "forkserver" or self.entry is None or self.server is not None:
+        if self.mode != "forkserver" or self.entry is None or self.server is not None or not self._forkable():
             return
         if self.reaper is None:  # first, as at a first submit: the server closes the run's end of its pipe
             self.reaper = Reaper(kill_grace())
         if self.results is None:
             self._open_results()  # before the server, which inherits the members' end
         self._server()
+
+    def _forkable(self) -> bool:
+        """Whether this process may still fork members (docs/fork-safety.md): not once CUDA is initialized or a
+        device runtime imported here (by the flow's module code); its members then start as new processes."""
+        if why := unsafe_to_fork():
+            print(f"stoker: {why} in the run's process: tasks start as new processes (a forked one could not use "
+                  "it); move that code into a step to keep forking", file=sys.stderr)
+            self.mode = "subprocess"
+            return False
+        return True
 
     def capabilities(self) -> Capabilities:
         from stoker.monitor.host import local_gpu_count
@@ -164,6 +174,8 @@ class LocalBackend(InProcessBackend):
                 raise ConfigError("@torchrun(spares=...) runs local spares as forked processes: unset "
                                   "STOKER_TASK_LAUNCH=subprocess, or drop spares")
             doc.update(spares=unit.spares, first_slots=unit.first_slots)
+        if self.mode == "fork" or (self.mode == "forkserver" and self.server is None):
+            self._forkable()
         if self.results is None and self.mode != "subprocess" and self.entry is not None:
             self._open_results()
         if self.reaper is None:

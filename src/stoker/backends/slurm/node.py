@@ -18,8 +18,10 @@ import os
 import re
 import signal
 import socket
+import sys
 from collections.abc import Callable, Mapping
 
+from stoker._process import unsafe_to_fork
 from stoker.backends.slurm.render import member_exit
 from stoker.backends.slurm.states import expand_hostlist
 from stoker.runtime.member.node import main
@@ -55,11 +57,22 @@ def slurm_identity(env: Mapping[str, str]) -> NodeIdentity | None:
                         node_addrs(env.get("STOKER_NODE_ADDRS", "")).get(name, "") if name else "")
 
 
-def supervised(run: Callable[[], object], path: str) -> int:
+def supervised(run: Callable[[], object], path: str, argv: list[str] | None = None) -> int:
     """Run `run` in a child process; write its exit code (negative: the signal that killed it) to `path` when it
     ends and return the code to exit with. This process ignores TERM/INT/HUP: Slurm signals every process of the
-    step, and the child (the node agent) handles them itself."""
-    pid = os.fork()
+    step, and the child (the node agent) handles them itself.
+
+    The child is forked (this process has only imported the agent: one thread, no pool). Should an import have
+    left something a fork does not survive (stoker._process.unsafe_to_fork: a second thread, CUDA, a device
+    runtime), the child is `argv` started as a new process instead, with STOKER_SLURM_EXITS unset."""
+    if argv is not None and (why := unsafe_to_fork(max_threads=1)):
+        import subprocess
+
+        print(f"stoker: {why} in the node's supervisor: the node agent starts as a new process", file=sys.stderr)
+        proc = subprocess.Popen(argv, env={k: v for k, v in os.environ.items() if k != "STOKER_SLURM_EXITS"})
+        pid = proc.pid
+    else:
+        pid = os.fork()
     if pid == 0:  # the node agent: it ends with os._exit
         code = 1
         try:
@@ -94,5 +107,6 @@ if __name__ == "__main__":
     folder, job = os.environ.get("STOKER_SLURM_EXITS"), os.environ.get("SLURM_JOB_ID")
     if folder and job and "SLURM_NODEID" in os.environ:
         member = int(os.environ["SLURM_NODEID"])
-        os._exit(supervised(lambda: main(engine=SLURM), member_exit(folder, job, member)))
+        os._exit(supervised(lambda: main(engine=SLURM), member_exit(folder, job, member),
+                            [sys.executable, "-m", "stoker.backends.slurm.node", *sys.argv[1:]]))
     main(engine=SLURM)
