@@ -52,8 +52,19 @@ def rank_env(node_rank: int, nnodes: int, nproc: int, local: int, addr: str, por
 def env_changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
     """The variables set, changed or unset between two environments, less those of one launch or task (the rank's,
     torchrun's, stoker's own, Metaflow's `MF_PARALLEL_*`: no module reads them when it is imported)."""
-    keys = {k for k in set(before) | set(now) if before.get(k) != now.get(k)}
+    keys = {k for k in set(before) | set(now) if _unhooked(before, k) != _unhooked(now, k)}
     return sorted(k for k in keys if k not in _PER_LAUNCH and not k.startswith(_PER_TASK))
+
+
+def _unhooked(env: Mapping[str, str], key: str) -> str | None:
+    """A variable as an import sees it: PYTHONPATH without the stack hook's folder, which a task adds for its
+    children (runtime/member/watchdog.py) and a forked rank installs itself (zygote.py)."""
+    value = env.get(key)
+    if key != "PYTHONPATH" or not value:
+        return value
+    from stoker.distributed.rankstacks import HOOK_DIR
+
+    return os.pathsep.join(p for p in value.split(os.pathsep) if p != HOOK_DIR) or None
 
 
 def zygote_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -5,7 +5,8 @@
   code in the signal handler, so it works while the main thread is stuck in a collective or a C call), after a
   header line `#stoker {...}` naming its pid, rank, host and start time (so a reused pid is never signalled);
 - touch `<dir>/<pid>.out` (at most once a second) whenever it writes to sys.stdout or sys.stderr: its progress.
-A forked child (a warm launcher's rank) installs itself again for its own pid. Imports nothing of stoker: a rank
+A forked child is not hooked (it may reset SIGUSR2, as stoker's reaper does) unless it installs the hook itself, as
+a warm launcher's rank does once its environment is set (zygote.py). Imports nothing of stoker: a rank
 loads it from `sitecustomize` before anything else.
 """
 
@@ -43,9 +44,6 @@ def install(folder: str = "") -> None:
         state = {"pid": pid, "folder": folder, "file": stk, "out": os.path.join(folder, f"{pid}.out"), "last": 0.0}
         setattr(sys, _STATE, state)
         faulthandler.register(SIGNAL, file=stk, all_threads=True, chain=False)
-        if not hasattr(os, "_stoker_stackhook_fork"):
-            os.register_at_fork(after_in_child=_after_fork)
-            os._stoker_stackhook_fork = True  # type: ignore[attr-defined]
     head = {"pid": pid, "rank": os.environ.get("RANK"), "local_rank": os.environ.get("LOCAL_RANK"),
             "host": os.uname().nodename, "start": start_time(pid), "main": threading.main_thread().ident,
             "argv": " ".join(sys.argv)[:200]}
@@ -72,13 +70,6 @@ def uninstall() -> None:
     try:
         state["file"].close()
     except OSError:
-        pass
-
-
-def _after_fork() -> None:
-    try:
-        install()
-    except Exception:  # noqa: BLE001, S110 - best effort in a fresh child
         pass
 
 
