@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     from stoker.cli.goodput import register as register_goodput
 
     register_goodput(sub)
+    from stoker.cli.stacks import register as register_stacks
+
+    register_stacks(sub)
     return ap
 
 
