@@ -66,6 +66,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     if args.engine or args.follow:
         return print_engine_logs(args.pathspec, follow=args.follow)
+    if args.stacks:
+        from stoker.cli.stacks import print_hang_stacks
+
+        return print_hang_stacks(args.pathspec, args.attempt)
     return print_logs(args.pathspec, stderr=args.stderr, attempt=args.attempt, all_attempts=args.all_attempts)
 
 
@@ -108,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--stdout", action="store_true", help="the task's stdout (the default)")
     which.add_argument("--stderr", action="store_true", help="the task's stderr")
+    which.add_argument("--stacks", action="store_true", help="the stacks recorded when an attempt was stopped as hung")
     p.add_argument("--attempt", type=non_negative_int)
     p.add_argument("--all-attempts", action="store_true", help="every attempt of every task (retries included)")
     p.add_argument("--engine", action="store_true", help="the cluster's own logs of every node and attempt "

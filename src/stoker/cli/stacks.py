@@ -77,3 +77,28 @@ def ask(store: Any, flow: str, run_id: str, scope: str, live: list[str], wait: f
                   f"or run a stoker without stacks; try again, or raise --wait\n")
     out.flush()
     return 0 if docs else 1
+
+
+def print_hang_stacks(pathspec: str, attempt: int | None = None, out: IO[str] = sys.stdout) -> int:
+    """`stoker logs FLOW/RUN/STEP[/TASK] --stacks`: the stacks recorded when an attempt was stopped as hung (every
+    attempt, or `attempt`); 1 when none was."""
+    from stoker.client import Step, Task
+    from stoker.runtime.member.stackreq import hang_stacks_name
+
+    parts = pathspec.strip("/").split("/")
+    if len(parts) not in (3, 4) or not all(parts):
+        raise ConfigError(f"logs {pathspec} --stacks: give FLOW/RUN/STEP or FLOW/RUN/STEP/TASK")
+    tasks = [Task(pathspec, _namespace_check=False)] if len(parts) == 4 else \
+        list(Step(pathspec, _namespace_check=False))
+    found = 0
+    for t in tasks:
+        store = t._store
+        for a in ([attempt] if attempt is not None else range(t.current_attempt + 1)):
+            name = hang_stacks_name(*t.pathspec.split("/"), a)
+            if store.exists(name):
+                found += 1
+                out.write(f"# {t.pathspec} attempt {a}: stopped as hung; the stacks of its processes then\n")
+                out.write(store.read(name).decode(errors="replace").rstrip("\n") + "\n\n")
+    if not found:
+        out.write(f"{pathspec}: no attempt was stopped as hung (`stoker stacks` shows a live one's stacks)\n")
+    return 0 if found else 1
