@@ -1,6 +1,8 @@
 """A deliberately deadlocked @torchrun gang (tests/integration/test_hangs*.py): rank 1 never joins the all_reduce that
 rank 0 waits in (gloo, whose own timeout is 30 min), so nothing ends it but stoker's hang detection."""
 
+import os
+
 from stoker import FlowSpec, Parameter, current, step, torchrun
 
 
@@ -15,7 +17,8 @@ class HangFlow(FlowSpec):
     @torchrun
     @step
     def train(self):
-        current.torch.run(entrypoint="hang_worker.py", nproc_per_node=self.nproc // self.nodes)
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hang_worker.py")
+        current.torch.run(entrypoint=worker, nproc_per_node=self.nproc // self.nodes)
         self.next(self.join)
 
     @step

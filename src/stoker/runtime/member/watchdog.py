@@ -13,7 +13,8 @@ code) ends the process with exit code 79 (`exitstatus.EXIT_HANG`, also cause `ha
 The hang timeout: the step's `@timeout(hang=S)` (any task); else, for a gang node or a task that started ranks (a
 process with $RANK), the run's `--hang-timeout` (default 1800 s: longer than a first compilation or a checkpoint
 save that prints nothing, shorter than the 30 min gloo/NCCL timeouts it saves; 0 turns it off); a plain task has
-none by default (a long silent step is normal there).
+none by default (a long silent step is normal there). Until a gang node's first rank starts, its limit is at least
+60 s: its set-up (a warm launcher importing torch, staging) may print nothing for that long on a busy host.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from stoker.exitstatus import EXIT_HANG, TaskHang
 from stoker.runtime.member.stackreq import REQUEST_TTL_S, answer_name, hang_stacks_name, in_scope, request_name
 
 DEFAULT_GANG_HANG_S = 1800.0
+STARTUP_MIN_S = 60.0  # a gang's hang timeout before its first rank starts, at least
 FIRE_GRACE_S = 15.0  # after raising TaskHang in the step, how long before the process is ended (exit 79)
 INTERRUPT = signal.SIGUSR1
 
@@ -52,7 +54,7 @@ class Watchdog:
         self.old_env = {k: os.environ.get(k) for k in (rankstacks.ENV, "PYTHONPATH")}
         self.old_handler: Any = None
         self.thread: threading.Thread | None = None
-        self.ranks_seen = 0
+        self.seen, self.ranks = 0, False  # hooked processes seen; whether one is a rank
 
     @classmethod
     def start(cls, store: Any, spec: Any, step_limit: float | None, tmp: str) -> Watchdog | None:
@@ -87,18 +89,25 @@ class Watchdog:
     # -- the thread -------------------------------------------------------------------------------
     def limit(self) -> tuple[float, str]:
         """(seconds, where it comes from) of this attempt's hang timeout; 0: none."""
+        if not self.ranks:
+            self.ranks = self._has_ranks()
         if self.step_limit:
-            return self.step_limit, "the step's @timeout(hang=)"
-        if not self.gang:
-            self.gang = self._has_ranks()
-        return (self.run_limit, "the run's --hang-timeout" if self.spec.hang_timeout_s is not None
-                else "the default for gangs") if self.gang else (0.0, "")
+            limit, source = self.step_limit, "the step's @timeout(hang=)"
+        elif self.gang or self.ranks:
+            self.gang = True
+            limit, source = self.run_limit, ("the run's --hang-timeout" if self.spec.hang_timeout_s is not None
+                                             else "the default for gangs")
+        else:
+            return 0.0, ""
+        if self.gang and not self.ranks and limit:  # its set-up (imports, a warm launcher, staging) prints little
+            return max(limit, STARTUP_MIN_S), f"{source}, at least {STARTUP_MIN_S:g} s before its ranks start"
+        return limit, source
 
     def _has_ranks(self) -> bool:
         n = sum(1 for e in os.scandir(self.folder) if e.name.endswith(".stk"))
-        if n == self.ranks_seen:
+        if n == self.seen:
             return False
-        self.ranks_seen = n
+        self.seen = n
         return any(h.get("rank") not in (None, "") for h in rankstacks.hooked(self.folder).values())
 
     def _loop(self) -> None:
