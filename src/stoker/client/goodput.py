@@ -24,6 +24,7 @@ returns one JSON-able dict (docs/operations.md, "Where the time went: goodput", 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,15 +38,16 @@ from stoker.store.manifest import read_manifest_object, run_prefix
 VERSION = 1
 # in the order a stacked bar draws them: the wait before an attempt, its start, its work, its end
 CATEGORIES = ("retry_wait", "queue", "startup", "checkpoint_load", "productive", "straggler_idle", "eval",
-              "checkpoint_save", "lost", "recovery", "shutdown", "other")
+              "checkpoint_save", "lost", "hang", "recovery", "shutdown", "other")
+_HANG = re.compile(r"no progress for (\d+(?:\.\d+)?) s")
 PAID_EXCLUDES = ("retry_wait", "queue")  # no node is held then
 JOBS = "jobs/"  # the scheduler's job records under the run's prefix (runtime/driver/jobs.py: jobs_prefix)
 Price = Callable[[str], "float | None"]  # instance type -> USD per node-hour (backends/aws/instances.price_per_hour)
 # the categories' names as `stoker goodput` and the UI show them
 LABELS = {"retry_wait": "retry wait", "queue": "queue", "startup": "start-up", "checkpoint_load": "checkpoint load",
           "productive": "productive", "straggler_idle": "straggler idle", "eval": "evaluation",
-          "checkpoint_save": "checkpoint save", "lost": "lost work", "recovery": "recovery", "shutdown": "shutdown",
-          "other": "other"}
+          "checkpoint_save": "checkpoint save", "lost": "lost work", "hang": "hang (no progress)",
+          "recovery": "recovery", "shutdown": "shutdown", "other": "other"}
 
 
 def _listing(store: BlobStore, flow: str, run_id: str) -> tuple[list[str], list[str], set[tuple[str, str, int]]]:
@@ -182,6 +184,7 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
         startup["launch"] = max(0.0, rest - sum(phases["start"].values()))
         sec["startup"] = startup["environment"] + sum(phases["node"].values()) + max(0.0, rest)
         sec["shutdown"] = min(sum(phases["end"].values()), end_at - st)
+    _book_hang(sec, m)
     wall = end_at - begin
     sec["other"] = wall - sum(v for k, v in sec.items() if k != "other")
     snap = snap or {}
@@ -193,6 +196,18 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
             "cause": (m.get("exception") or {}).get("cause") if status == "failed" else None,
             "instance_type": ((job or {}).get("extra") or {}).get("instance_type"),
             "backend": (job or {}).get("backend") or "local", "measured": bool(snap)}
+
+
+def _book_hang(sec: dict[str, float], m: dict) -> None:
+    """An attempt stopped as hung (cause `hang`, runtime/member/watchdog.py): its silence before the stop, which its
+    TaskHang message states, is `hang`, taken from where the records put it (the time after the trainer's last
+    snapshot, else the start-up that never ended), in place."""
+    exc = m.get("exception") or {}
+    found = _HANG.search(str(exc.get("message") or "")) if exc.get("cause") == "hang" else None
+    idle = float(found.group(1)) if found else 0.0
+    for k in ("shutdown", "lost", "startup", "productive"):
+        take = min(idle, sec[k])
+        sec[k], sec["hang"], idle = sec[k] - take, sec["hang"] + take, idle - take
 
 
 def _generations(row: dict[str, Any], manifest: dict, segs: list[dict], gang: dict, gang_start: float | None,

@@ -12,6 +12,7 @@ from stoker.runtime.driver.causes import (
     CANCELLED,
     CONFIG,
     DATA,
+    HANG,
     LABELS,
     NETWORK,
     NEVER,
@@ -151,6 +152,10 @@ CASES = [
      "stoker did not ask for it"),
     ("stopped-by-stoker", died("killed by signal SIGTERM"), st(-15), "", "another task failed", False, CANCELLED,
      "another task failed"),
+    ("hang", exc("TaskHang", "no progress for 1800 s (hang timeout 1800 s, the default for gangs)"), st(1), GLOO,
+     None, False, HANG, "no progress for 1800 s"),
+    ("hang-ended-by-its-watchdog", died("exited with code 79"), st(79), "", None, False, HANG,
+     "the task's watchdog ended it"),
 ]
 
 
@@ -166,7 +171,7 @@ def test_each_failure_gets_its_cause(manifest, status, tail, stop, host_oom, kin
 def test_every_cause_is_covered_and_has_a_policy():
     assert {c[6] for c in CASES} == set(LABELS) == set(POLICY)
     assert {k for k, p in POLICY.items() if p == NEVER} == {CONFIG, STOKER, CANCELLED}
-    assert {k for k, p in POLICY.items() if p == RETRY} == {NODE, NETWORK, TIME_LIMIT}
+    assert {k for k, p in POLICY.items() if p == RETRY} == {NODE, NETWORK, TIME_LIMIT, HANG}
     assert {k for k, p in POLICY.items() if p == UNLESS_REPEATED} == {USER, OOM, DATA}
 
 
