@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,12 +29,13 @@ _IMPORTS = (("from metaflow import ", "from stoker import "),
 
 def to_stoker(source: str) -> str:
     """The stoker copy of a Metaflow source: `from metaflow import` (and `from metaflow.cards import`) lines
-    changed, nothing else."""
+    changed, also where indented (an import in a function, as Metaflow's tutorial 03 has), nothing else."""
     out = []
     for ln in source.splitlines(keepends=True):
+        body = ln.lstrip(" \t")
         for mf, st in _IMPORTS:
-            if ln.startswith(mf):
-                ln = st + ln[len(mf):]
+            if body.startswith(mf):
+                ln = ln[:len(ln) - len(body)] + st + body[len(mf):]
                 break
         out.append(ln)
     return "".join(out)
@@ -107,6 +109,30 @@ def run_flow(engine: Engine, flow: str, folder: Path, *args: str, top: tuple[str
     proc = subprocess.run([engine.python, flow, *top, command, *args], cwd=folder, capture_output=True, text=True,
                           env=engine.env(home, env), timeout=timeout)
     return FlowRun(engine, folder, home, proc, dict(env or {}))
+
+
+def run_command(engine: Engine, argv: list[str], cwd: Path, home: Path, env: dict[str, str] | None = None,
+                timeout: float = 120) -> FlowRun:
+    """`engine.python *argv` in `cwd` with the runs in `home`, killed with its whole process group after
+    `timeout` s: a hang then fails at once with what it printed (exit 124, as timeout(1) reports)."""
+    proc = subprocess.Popen([engine.python, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=engine.env(home, env), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+        code, err = 124, err + f"\n[compat] killed after {timeout:.0f} s: {' '.join(argv)}\n"
+    done = subprocess.CompletedProcess([engine.python, *argv], code, out, err)
+    return FlowRun(engine, cwd, home, done, dict(env or {}))
+
+
+def metaflow_tutorials(engine: Engine) -> Path:
+    """The `tutorials` folder of the metaflow package that `engine`'s interpreter imports (it ships in the wheel)."""
+    out = subprocess.run([engine.python, "-c", "import metaflow, os; print(os.path.dirname(metaflow.__file__))"],
+                         capture_output=True, text=True, timeout=60, check=True, env=engine.env(Path("/nonexistent")))
+    return Path(out.stdout.strip()) / "tutorials"
 
 
 def stoker_engine() -> Engine:

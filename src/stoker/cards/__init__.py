@@ -36,17 +36,32 @@ from stoker.cards.components import (
     UserComponent,
     VegaChart,
 )
+from stoker.errors import StokerError
 
 __all__ = ["Artifact", "Error", "Image", "Markdown", "MetaflowCard", "MetaflowCardComponent", "ProgressBar", "Table",
-           "UserComponent", "VegaChart", "Card", "get_cards", "register_card"]
+           "UserComponent", "VegaChart", "Card", "CardNotPresentException", "get_cards", "register_card"]
+
+
+class CardNotPresentException(StokerError):
+    """`get_cards` of a task that has no card (Metaflow's exception of the same name)."""
+
+    headline = "Card not found in datastore"
+
+    def __init__(self, pathspec: str) -> None:
+        super().__init__(f"Card not found for pathspec {pathspec}")
 
 
 class Card:
-    """A stored card of a task (what `get_cards` returns): `id`, `type`, `get()` (HTML), `get_data()` (JSON)."""
+    """A stored card of a task (what `get_cards` returns): `id` (the @card's id, None without one, as in Metaflow),
+    `type`, `get()` (HTML), `get_data()` (JSON)."""
 
     def __init__(self, ref: Any, store: Any) -> None:
         self._ref, self._store = ref, store
-        self.id = ref.id
+
+    @property
+    def id(self) -> str | None:
+        data = self.get_data()
+        return data["user_id"] if "user_id" in data else self._ref.id  # (cards written before user_id: the name)
 
     @property
     def type(self) -> str | None:
@@ -64,7 +79,8 @@ class Card:
 
 
 def get_cards(task: Any, id: str | None = None, type: str | None = None, store: Any = None) -> list[Card]:
-    """The cards of a task (a pathspec `Flow/run/step/task` or a client Task), read from the store."""
+    """The cards of a task (a pathspec `Flow/run/step/task` or a client Task), read from the store; a task with no
+    card raises CardNotPresentException, as in Metaflow."""
     from stoker.cards.store import list_cards
     from stoker.store.blobs import open_store
 
@@ -75,5 +91,7 @@ def get_cards(task: Any, id: str | None = None, type: str | None = None, store: 
     store = store or (getattr(task, "_store", None) if not isinstance(task, str) else None) or open_store()
     attempt = None if isinstance(task, str) else getattr(task, "current_attempt", None)
     refs = list_cards(store, *parts, attempt=attempt) or list_cards(store, *parts)
+    if not refs:
+        raise CardNotPresentException(pathspec)
     cards = [Card(r, store) for r in refs if id is None or r.id == id]
     return [c for c in cards if type is None or c.type == type]

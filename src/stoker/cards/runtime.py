@@ -69,8 +69,9 @@ class _Card:
             more = extra() if extra else {"head": [], "tail": []}
             comps = more["head"] + comps + more["tail"]
         title = self.options.get("title") or (self.user_id or f"{self.pathspec.split('/')[2]}")
-        return {"id": self.id, "type": self.type, "title": str(title), "updated": time.time(), "final": final,
-                "pathspec": self.pathspec, "attempt": self.attempt, "components": comps}
+        return {"id": self.id, "user_id": self.user_id, "type": self.type, "title": str(title),
+                "updated": time.time(), "final": final, "pathspec": self.pathspec, "attempt": self.attempt,
+                "components": comps}
 
     def runtime_data(self, mode: str, final: bool) -> dict[str, Any]:
         """Metaflow's `_get_latest_data`: what render_runtime/refresh get and `runtime_data` holds in render."""
@@ -109,8 +110,9 @@ class _Card:
                                 owner.flow if owner else None, self.timeout, self.save_errors)
             update = upd.data_update
         title = self.options.get("title") or self.user_id or self.type
-        return ({"id": self.id, "type": self.type, "title": str(title), "updated": time.time(), "final": final,
-                 "pathspec": self.pathspec, "attempt": self.attempt, "components": [], "custom": True,
+        return ({"id": self.id, "user_id": self.user_id, "type": self.type, "title": str(title),
+                 "updated": time.time(), "final": final, "pathspec": self.pathspec, "attempt": self.attempt,
+                 "components": [], "custom": True,
                  "html": out.html, "data_update": update}, out.html)
 
     def write_custom(self, mode: str, final: bool) -> bool:
@@ -406,9 +408,13 @@ class TaskCards:
 
 
 def start_task_cards(func: Any, spec: Any, store: BlobStore, flow: Any = None) -> TaskCards:
-    """Before the step: set `current.card` for it. Call `.finish(artifacts, manifest)` after it (even on failure)."""
+    """Before the step: set `current.card` for it, only when it has a @card (as in Metaflow, so the docs'
+    `if hasattr(current, "card"):` guard works). Call `.finish(artifacts, manifest)` after it (even on failure)."""
     from stoker.flow.current import current
 
     tc = TaskCards(func, spec, store, flow)
-    current._set(card=tc.collector)
+    if any(d.name == "card" for d in getattr(func, "decorators", [])):
+        current._set(card=tc.collector)
+    else:
+        current.__dict__.get("_values", {}).pop("card", None)
     return tc

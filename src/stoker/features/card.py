@@ -52,8 +52,8 @@ class CardDecorator(StepDecorator):
 
 
 class TaskCards(StepDecorator):
-    """Every task has `current.card`, as in Metaflow (without @card, what is appended to it is dropped with a
-    warning); the step's @card decorators' cards are written when the attempt ends."""
+    """`current.card` in a task whose step has a @card (as in Metaflow, a step without one has no `current.card`);
+    the step's @card decorators' cards are written when the attempt ends."""
 
     name = "cards"
     order = 45  # started after @monitor's sampler, written before it stops

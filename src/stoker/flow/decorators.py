@@ -304,9 +304,42 @@ def get_decorator(func: Callable, name: str) -> StepDecorator | None:
     return None
 
 
+def user_with(spec: str) -> tuple[type, list[Any], dict[str, Any]] | None:
+    """`--with mymodule.my_deco:k=v`: a user step decorator or step mutator named by its module path (the module
+    is imported, as Metaflow does) or by a name it is registered under; None for a built-in decorator's name."""
+    import importlib
+
+    from stoker.flow.user_decorators import UserStepDecoratorBase, UserStepDecoratorMeta, parse_decospec
+
+    name, args, kwargs = parse_decospec(spec)
+    if name in DECORATORS:
+        return None
+    found = UserStepDecoratorMeta._registry.find(name)
+    module, _, attr = name.rpartition(".")
+    if found is None and module:
+        try:
+            found = getattr(importlib.import_module(module), attr, None)
+        except ImportError as e:
+            raise ConfigError(f"--with {spec}: cannot import {module!r} ({e}); put the module beside the flow or "
+                              f"on PYTHONPATH") from None
+    if not (isinstance(found, type) and issubclass(found, UserStepDecoratorBase)):
+        raise ConfigError(f"--with {spec}: unknown decorator {name!r}; known: {', '.join(sorted(DECORATORS))}, or "
+                          f"module.name of a @user_step_decorator, UserStepDecorator or StepMutator")
+    return found, args, kwargs
+
+
 def apply_with(flow_cls: type, specs: list[str]) -> None:
-    """Attach `--with NAME:k=v` decorators to every step that does not already have one of that name."""
+    """Attach `--with NAME:k=v` decorators to every step that does not already have one of that name (NAME is a
+    built-in decorator, or `module.name` of a user step decorator or step mutator)."""
     for spec in specs:
+        user = user_with(spec)
+        if user is not None:
+            cls, args, kwargs = user
+            for attr in dir(flow_cls):
+                func = getattr(flow_cls, attr, None)
+                if callable(func) and getattr(func, "is_step", False):
+                    cls(*args, **kwargs).add_or_raise(func, False, 1)  # 1: IGNORE a duplicate
+            continue
         template = parse_with(spec)
         for attr in dir(flow_cls):
             func = getattr(flow_cls, attr, None)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stoker.errors import ConfigError
-from stoker.flow.configs import bind_configs, config_values_by_name
+from stoker.flow.configs import bind_configs, config_values_by_name, has_delayed
 from stoker.flow.decorators import DECORATORS, FLOW_DECORATORS, FlowDecorator, StepDecorator
 from stoker.flow.parameters import Parameter
 from stoker.flow.user_decorators import (
@@ -46,7 +46,12 @@ def _spec(deco: Any) -> tuple[str, str, list[Any], dict[str, Any]]:
         registry = type(type(deco))._registry
         return (registry.short_name(type(deco)), deco.decorator_name, *deco.get_args_kwargs())
     cls = type(deco)
-    return deco.name, f"{cls.__module__}.{cls.__name__}", [], dict(deco.attributes)
+    attrs = dict(deco.attributes)
+    raw = getattr(deco, "_raw", {})
+    for k in getattr(deco, "user_defined", ()):  # the values as the user gave them (`cpu=16`, not validate's 16.0)
+        if k in raw and not has_delayed({k: raw[k]}):
+            attrs[k] = raw[k]
+    return deco.name, f"{cls.__module__}.{cls.__name__}", [], attrs
 
 
 def _matches(name: str, fq: str, query: str) -> bool:

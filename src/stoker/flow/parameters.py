@@ -6,6 +6,7 @@ and read in every step as `self.<attribute>` (read-only).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
@@ -289,7 +290,7 @@ class Config:
         default_value: Mapping | None = None,
         help: str | None = None,  # noqa: A002
         required: bool = False,
-        parser: Callable[[str], dict] | None = None,
+        parser: Callable[[str], dict] | str | None = None,
         **_ignored: Any,
     ) -> None:
         self.name = name
@@ -314,13 +315,15 @@ class Config:
                 p = base_dir / p
             if self.parser and not p.is_file():
                 raise ConfigError(f"config file {p} does not exist: pass an existing TOML or JSON file")
-            data = self.parser(p.read_text()) if self.parser else load_config_file(p)
+            data = self._parse(p.read_text()) if self.parser else load_config_file(p)
         elif isinstance(default_value, Mapping):
             data = dict(default_value)
         elif isinstance(default_value, (str, bytes)):  # the config's text, parsed as a file's would be
             text = default_value.decode() if isinstance(default_value, bytes) else default_value
             try:
-                data = self.parser(text) if self.parser else parse_config_text(text, json_format=True)
+                data = self._parse(text) if self.parser else parse_config_text(text, json_format=True)
+            except ConfigError:
+                raise
             except Exception as e:  # noqa: BLE001 - the user's text
                 raise ConfigError(f"config {self.name!r}: its default value cannot be parsed: {e}") from None
         elif default_value is not None:
@@ -331,6 +334,28 @@ class Config:
         else:
             data = {}
         return ConfigValue(apply_overrides(data, overrides or {}))
+
+    def _parse(self, text: str) -> Any:
+        """The parser's dict of `text`; a parser named by a dotted string (`parser="tomllib.loads"`, as Metaflow
+        allows) is imported first."""
+        parser = self.parser
+        if isinstance(parser, str):
+            module, _, attr = parser.rpartition(".")
+            if not module or module.startswith(".") or parser.startswith("."):
+                raise ConfigError(f"config {self.name!r}: parser {parser!r} must be 'module.function' (a "
+                                  f"Metaflow-internal '.name' parser has no stoker twin)")
+            try:
+                parser = getattr(importlib.import_module(module), attr, None)
+            except ImportError as e:
+                raise ConfigError(f"config {self.name!r}: cannot import the parser's module {module!r} ({e}); "
+                                  f"install it or pass a function") from None
+            if not callable(parser):
+                raise ConfigError(f"config {self.name!r}: {attr!r} of {module} is not a function; fix parser=")
+        data = parser(text)
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config {self.name!r}: the parser returned a {type(data).__name__}, not a mapping; "
+                              f"make it return a dict")
+        return data
 
     def _default_of(self, what: str, value: Any, ctx: ParameterContext | None) -> Any:
         if not callable(value) or isinstance(value, type):

@@ -95,14 +95,13 @@ def test_default_card_shows_artifacts_and_the_error(tmp_path):
     assert "&lt;b&gt;bad&lt;/b&gt;" in html and "mine" in html
 
 
-def test_a_step_without_card_drops_components_without_failing(tmp_path, capsys):
+def test_a_step_without_card_has_no_current_card(tmp_path):
+    """As in Metaflow: `hasattr(current, "card")` is the docs' guard for code that runs with or without @card."""
     store = open_store(str(tmp_path / "store"))
     tc = start_task_cards(_func(), _spec(), store)
-    current.card.append(Markdown("nowhere"))
-    current.card.refresh()
+    assert not hasattr(current, "card")
     tc.finish({}, {"status": "ok"})
     assert list_cards(store, "F", "7", "s", "3") == []
-    assert "no @card" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kwargs, message", [({"type": "fancy-type"}, "letters, digits and '_'"),
