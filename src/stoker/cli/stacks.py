@@ -8,10 +8,8 @@ forked ranks), which dump their stacks on SIGUSR2 (faulthandler: also while stuc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import uuid
 from typing import IO, Any
 
 from stoker.cli.argtypes import number_at_least
@@ -48,20 +46,13 @@ def cmd_stacks(args: argparse.Namespace) -> int:
 def ask(store: Any, flow: str, run_id: str, scope: str, live: list[str], wait: float | None,
         out: IO[str] = sys.stdout) -> int:
     """Write the request, wait for the answers of the `live` tasks (pathspecs), print them; 1 when none answered."""
-    from stoker.runtime.member.stackreq import answers_prefix, request_name
+    from stoker.runtime.member.stackreq import read_answers, write_request
 
-    nonce = uuid.uuid4().hex[:12]
-    store.write(request_name(flow, run_id), json.dumps({"nonce": nonce, "scope": scope, "at": time.time()}).encode())
+    nonce = write_request(store, flow, run_id, scope)
     wait = wait if wait is not None else (6.0 if getattr(store, "root", None) is not None else 20.0)
-    prefix = answers_prefix(flow, run_id, nonce)
     deadline, docs = time.monotonic() + wait, {}
     while True:
-        for name in store.list(prefix):
-            if name not in docs:
-                try:
-                    docs[name] = json.loads(store.read(name))
-                except (ValueError, OSError):
-                    continue
+        read_answers(store, flow, run_id, nonce, docs)
         if {d.get("task") for d in docs.values()} >= set(live) or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -11,6 +11,11 @@ A hung attempt's stacks are kept with the attempt: `runs/<flow>/<run>/<step>/<ta
 
 from __future__ import annotations
 
+import json
+import time
+import uuid
+from typing import Any
+
 from stoker.store.manifest import attempt_prefix
 
 REQUEST_TTL_S = 120.0  # a request older than this is not answered (a task started long after it)
@@ -39,3 +44,21 @@ def in_scope(scope: str, step: str, task_id: str) -> bool:
         return True
     parts = scope.split("/")
     return parts[0] == step and (len(parts) < 2 or parts[1] == task_id)
+
+
+def write_request(store: Any, flow: str, run_id: str, scope: str) -> str:
+    """Ask the run's live tasks in `scope` for their stacks; the request's nonce."""
+    nonce = uuid.uuid4().hex[:12]
+    store.write(request_name(flow, run_id), json.dumps({"nonce": nonce, "scope": scope, "at": time.time()}).encode())
+    return nonce
+
+
+def read_answers(store: Any, flow: str, run_id: str, nonce: str, docs: dict[str, dict]) -> dict[str, dict]:
+    """Add the answers to request `nonce` not yet in `docs` (object name -> {"task", "attempt", "text"})."""
+    for name in store.list(answers_prefix(flow, run_id, nonce)):
+        if name not in docs:
+            try:
+                docs[name] = json.loads(store.read(name))
+            except (ValueError, OSError):
+                continue
+    return docs

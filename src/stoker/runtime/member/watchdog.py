@@ -30,7 +30,15 @@ from typing import Any
 from stoker.distributed import rankstacks
 from stoker.distributed._rankhook import stackhook
 from stoker.exitstatus import EXIT_HANG, TaskHang
-from stoker.runtime.member.stackreq import REQUEST_TTL_S, answer_name, hang_stacks_name, in_scope, request_name
+from stoker.runtime.member.stackreq import (
+    REQUEST_TTL_S,
+    answer_name,
+    hang_stacks_name,
+    in_scope,
+    read_answers,
+    request_name,
+    write_request,
+)
 
 DEFAULT_GANG_HANG_S = 1800.0
 STARTUP_MIN_S = 60.0  # a gang's hang timeout before its first rank starts, at least
@@ -160,6 +168,7 @@ class Watchdog:
         msg = f"no progress for {idle:.0f} s (hang timeout {limit:g} s, {source}): nothing printed by {what}"
         text = self.dump()
         print(f"\nstoker: hang: {msg}; the stacks of its processes:\n{text}", file=sys.stderr, flush=True)
+        text += self._gang_stacks()
         try:
             self.store.write(hang_stacks_name(s.flow, s.run_id, s.step, s.task_id, s.attempt), text.encode())
         except Exception as e:  # noqa: BLE001 - they are in the log too
@@ -172,6 +181,24 @@ class Watchdog:
         ranks = {p for p, h in hooked.items()
                  if h.get("rank") not in (None, "") or "torch.distributed.run" in h.get("argv", "")}
         rankstacks.signal_all(self.folder, signal.SIGKILL, skip=(set(hooked) - ranks) | {os.getpid()})
+
+    def _gang_stacks(self) -> str:
+        """The other nodes' stacks of a gang of several nodes (asked through the store; a node that fires at the same
+        time is answered meanwhile), so that the attempt's record shows the whole gang, not only this node."""
+        s = self.spec
+        if s.parallel is None or s.parallel.num_nodes < 2:
+            return ""
+        nonce, docs = write_request(self.store, s.flow, s.run_id, s.step), {}
+        self.answered = nonce  # (not by this node: its stacks are above)
+        deadline = time.monotonic() + 2 * self.interval + 2
+        while time.monotonic() < deadline:
+            self._answer()
+            read_answers(self.store, s.flow, s.run_id, nonce, docs)
+            if len({d.get("task") for d in docs.values()} - {s.pathspec}) >= s.parallel.num_nodes - 1:
+                break
+            time.sleep(0.2)
+        return "".join(f"\n{d.get('text', '')}" for d in sorted(docs.values(), key=lambda d: d.get("task", ""))
+                       if d.get("task") != s.pathspec)
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         if self.fired and not self.raised:
