@@ -36,7 +36,7 @@ from stoker.runtime.driver.scheduler import RunResult, Scheduler
 from stoker.runtime.member.flowhooks import bind_default_configs, bind_run
 from stoker.runtime.package import stage_package
 from stoker.runtime.spec import GangSlot, TaskSpec
-from stoker.store.artifacts import save_artifact, secret_descriptor
+from stoker.store.artifacts import save_artifact, secret_descriptor, short_repr
 from stoker.store.blobs import BlobStore, open_store
 from stoker.store.manifest import list_manifests, read_manifest_object, read_run_record, write_run_record
 from stoker.store.metadata import MetadataDB
@@ -252,7 +252,7 @@ def _set_up(flow_cls: type, router: Router, req: RunRequest) -> tuple[RunContext
                      run_inputs=run_inputs, user=user, tags=[*system_tags, *req.tags], origin=origin,
                      origin_run_id=req.origin_run_id, rerun_steps=set(req.rerun_steps), flow_file=flow_file,
                      with_specs=list(req.with_specs), package=package, hang_timeout_s=req.hang_timeout_s)
-    shown = {k: (REDACTED if _is_secret(declared[k]) else v if _jsonable(v) else repr(v))
+    shown = {k: (REDACTED if _is_secret(declared[k]) else _shown(v))
              for k, v in values.items() if not isinstance(declared[k], Config)}
     configs = {k: finite_json(dict(v)) for k, v in values.items() if isinstance(declared[k], Config)}
     record = {"flow": graph.name, "run_id": run_id, "user": user, "params": shown, "config": configs,
@@ -380,6 +380,18 @@ def save_run_inputs(store: BlobStore, declared: dict[str, Any], values: dict[str
         out[k], env, encoded = secret_descriptor(k, v)
         os.environ[env] = encoded
     return out
+
+
+SHOWN_MAX = 4096  # a parameter's value longer than this (an IncludeFile's contents) is shown as a short repr
+
+
+def _shown(v: Any) -> Any:
+    """A parameter's value as the run record and the index show it (its artifact holds the value): itself when it
+    is short plain JSON, else a short repr and its size (a 64 MB IncludeFile in the record cost minutes of JSON)."""
+    n = len(v) if isinstance(v, str | bytes | bytearray) else 0
+    if n <= SHOWN_MAX and _jsonable(v):
+        return v
+    return short_repr(v) + (f" ({n} {'characters' if isinstance(v, str) else 'bytes'})" if n else "")
 
 
 def _jsonable(v: Any) -> bool:
