@@ -68,6 +68,8 @@ def short_repr(obj: Any, limit: int = 80) -> str:
             text = f"array(shape={obj.shape}, dtype={obj.dtype})"
         elif _torch_of(obj) is not None:
             text = f"tensor(shape={list(obj.shape)}, dtype={obj.dtype}, device={obj.device})"
+        elif isinstance(obj, bytes | bytearray):  # reprlib has no bytes case: it would repr all of a 64 MB value
+            text = repr(obj[:limit]) + ("..." if len(obj) > limit else "")
         else:
             text = _repr.repr(obj)
     except Exception as e:  # a user __repr__ may fail
