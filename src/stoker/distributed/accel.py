@@ -250,3 +250,16 @@ def nproc_for(resources: Mapping[str, Any] | None, options: Mapping[str, Any] | 
         return acc.gpus, f"no @resources; detected {acc.gpu_source}"
     return 1, ("no @resources and no GPU or Neuron device on this node; set @torchrun(nproc_per_node=...) "
                "or @resources(...) for more")
+
+
+def on_this_host(addr: str) -> bool:
+    """Whether a rendezvous address can only be this machine (a loopback address, `localhost`): then every node of
+    the gang runs here."""
+    import ipaddress
+
+    if addr.strip().lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -11,12 +11,17 @@ On each node, in this order (the cheap local checks first, then one collective a
    `DEFAULT_MIN_DISK_GB`);
 6. an all_reduce across all nodes x nproc_per_node ranks (`stoker.train.collectives` under torchrun, on the real
    backend: NCCL, XLA on Neuron, gloo on CPU) reaches the bus-bandwidth floor of the instance type
-   (`MIN_BUSBW_GBPS`, overridden by `STOKER_PREFLIGHT_MIN_BUSBW_GBPS`).
+   (`MIN_BUSBW_GBPS`, overridden by `STOKER_PREFLIGHT_MIN_BUSBW_GBPS`). Not when every node is this machine (a
+   local gang: the rendezvous is a loopback address): it would test loopback, not a network, for the price of a
+   torchrun and nproc Pythons importing torch per node; a floor in `STOKER_PREFLIGHT_MIN_BUSBW_GBPS` or
+   `STOKER_PREFLIGHT_ALLREDUCE=1` runs it there too. Checks 1-5 stay: each can fail on one host too (a missing
+   module, staged data, a GPU, a full disk), and together they start one short Python (the imports check).
 
 A failure raises :class:`PreflightError`, a permanent error: the scheduler never retries it (the same nodes
 would fail the same way), and the message names the node (index and host name), the check and what to do.
-Every node prints one line (`preflight: node 1 (host) ok in 4.2 s: ...` or `... failed in 2.0 s: ...`); its
-time is the preflight's share of the run's paid time (`PREFLIGHT_LINE` parses it).
+Every node prints one line (`preflight: node 1 (host) ok in 4.2 s: ...; 1 Python started` or `... failed in 2.0
+s: ...`, with how many Python interpreters its checks started); its time is the preflight's share of the run's
+paid time (`PREFLIGHT_LINE` parses it).
 
 Off with `run --no-preflight` (the run sets `STOKER_PREFLIGHT=0` for its tasks) or
 `current.torch.run(..., preflight=False)`; `STOKER_PREFLIGHT=1` or `preflight=True` runs it on one node too.
@@ -40,13 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from stoker._process import die_with_parent
-from stoker.distributed.accel import DEV_DIR, neuron_device_count
+from stoker.distributed.accel import DEV_DIR, neuron_device_count, on_this_host
 from stoker.distributed.neuron_cache import local_cache_dir
 from stoker.errors import ConfigError
 
 ENV = "STOKER_PREFLIGHT"  # 0: off (run --no-preflight); 1: also on a single node
 MIN_BUSBW_ENV = "STOKER_PREFLIGHT_MIN_BUSBW_GBPS"
 MIN_DISK_ENV = "STOKER_PREFLIGHT_MIN_DISK_GB"
+ALLREDUCE_ENV = "STOKER_PREFLIGHT_ALLREDUCE"  # 1: the all_reduce also when every node is this machine
 TIMEOUT_ENV = "STOKER_PREFLIGHT_TIMEOUT"  # seconds the all_reduce may take before its watchdog fails it
 DEFAULT_MIN_DISK_GB = 20.0  # a Llama-size compile cache holds a few GB of NEFFs; room for a few configs
 PORT_OFFSET = 1  # the all_reduce rendezvous on master_port + 1: a slow node's preflight store never meets
@@ -215,6 +221,7 @@ class Preflight:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     python: str = sys.executable
     allreduce_command: Callable[[list[str]], list[str]] | None = None
+    one_host: bool = False  # every node of the gang is this machine: the all_reduce is skipped (see all_reduce)
     tempdir: str | None = None
     host: str = field(default_factory=socket.gethostname)
     dev_dir: str = DEV_DIR
@@ -223,6 +230,7 @@ class Preflight:
     free_bytes: Callable[[str], int] = free_bytes
     clock: Callable[[], float] = time.monotonic
     out: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    pythons: int = 0  # the Python interpreters the checks started (the line says how many: its cost)
 
     # -- the checks: each returns its part of the summary line, or raises CheckFailed ---------------
     def accelerators(self) -> str:
@@ -285,11 +293,13 @@ class Preflight:
             return None
         is_module = self.module if self.module is not None else not self.entrypoint.endswith(".py")
         shown = f"`python -m {self.entrypoint}`" if is_module else f"the script {self.entrypoint}"
+        self.pythons += 1  # one short Python that imports nothing but the standard library's importlib, ast, json
         rc, text = self.run([self.python, "-c", _IMPORTS_CODE, "module" if is_module else "script",
                              self.entrypoint], self.env)
-        try:
-            doc = json.loads(text.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+        try:  # its last line of JSON (what an interpreter's site hooks print at exit may come after it)
+            doc = next(d for line in reversed(text.strip().splitlines()) if line.startswith("{")
+                       and isinstance(d := _json_or_none(line), dict))
+        except StopIteration:
             raise CheckFailed(f"checking the imports of {shown} with {self.python} failed (exit {rc}): "
                               f"{_tail(text)}", "check that this Python runs on the node") from None
         if doc.get("error") == "not found":
@@ -339,8 +349,14 @@ class Preflight:
         return f"disk {free:.0f} GB free"
 
     def all_reduce(self, nproc: int) -> str | None:
+        """Every node x nproc ranks all_reduce once, on the training's backend, against the bus-bandwidth floor.
+        Skipped when every node is this machine (`one_host`): it would test loopback, not a network, and its cost is
+        a torchrun and nproc Pythons importing torch on every node; a floor set in $STOKER_PREFLIGHT_MIN_BUSBW_GBPS, or
+        $STOKER_PREFLIGHT_ALLREDUCE=1, runs it anyway."""
         if self.allreduce_command is None:
             return None
+        if self.one_host and not self.env.get(MIN_BUSBW_ENV) and self.env.get(ALLREDUCE_ENV, "") != "1":
+            return "all_reduce skipped (every node is on this machine)"
         kind = "neuron" if self.neuron else "gpu" if float(self.request.get("gpu") or 0) > 0 else "cpu"
         # auto: xla on a Neuron node whose Python has torch_xla, nccl with CUDA, else gloo
         backend = "nccl" if kind == "gpu" else "auto"
@@ -351,6 +367,7 @@ class Preflight:
         try:
             cmd = self.allreduce_command(["--sizes", MESSAGE_BYTES[kind], "--iters", "5", "--warmup", "2",
                                           "--timeout", f"{timeout:g}", "--backend", backend, "--node-out", out])
+            self.pythons += 1 + nproc  # torchrun's agent and its workers
             rc = self.launch(cmd, self.env, timeout + 60)
             if rc != 0:
                 raise CheckFailed(f"the all_reduce across {self.nnodes} nodes x {nproc} processes failed (torchrun "
@@ -385,17 +402,29 @@ class Preflight:
                 part = check()
             except CheckFailed as e:
                 took = self.clock() - t0
-                self.out(f"preflight: node {self.node} ({self.host}) failed in {took:.1f} s: {name}: {e.problem}")
+                self.out(f"preflight: node {self.node} ({self.host}) failed in {took:.1f} s: {name}: {e.problem}"
+                         f"; {self._started()}")
                 raise PreflightError(self.node, self.host, name, e.problem, e.fix) from None
             if part:
                 parts.append(part)
         took = self.clock() - t0
-        self.out(f"preflight: node {self.node} ({self.host}) ok in {took:.1f} s: {', '.join(parts)}")
+        self.out(f"preflight: node {self.node} ({self.host}) ok in {took:.1f} s: {', '.join(parts)}; "
+                 f"{self._started()}")
         return took
+
+    def _started(self) -> str:
+        return f"{self.pythons} Python{'s' if self.pythons != 1 else ''} started"
 
     def _which(self, name: str, extra: str = "") -> str | None:
         path = self.env.get("PATH", os.defpath) + (os.pathsep + extra if extra else "")
         return shutil.which(name, path=path)
+
+
+def _json_or_none(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _tail(text: str, n: int = 300) -> str:
@@ -457,5 +486,6 @@ def gate(helper: Any, entrypoint: str, module: bool | None, nproc: int, env: Map
         neuron=helper.uses_neuron(), instance_type=request.get("instance_type") or instance_type_here(),
         data_paths=[*paths, *(s.path for s in getattr(helper, "staged", []))], env=env,
         allreduce_command=lambda extra: side.command("stoker.train.collectives", extra, True, nproc),
-        tempdir=current.get("tempdir"), dev_dir=env.get("STOKER_DEV_DIR") or DEV_DIR)
+        one_host=on_this_host(helper.master_addr), tempdir=current.get("tempdir"),
+        dev_dir=env.get("STOKER_DEV_DIR") or DEV_DIR)
     return check(nproc)

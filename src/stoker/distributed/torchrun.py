@@ -33,6 +33,7 @@ from stoker.distributed.accel import (
     node_env,
     nproc_for,
     nproc_problem,
+    on_this_host,
     step_request,
     wants_neuron,
 )
@@ -267,10 +268,7 @@ class TorchrunHelper:
         if problem := nproc_problem(n, self.request):
             raise ConfigError(f"torchrun: {problem} ({source})")
         neuron = self.uses_neuron()
-        base = {**os.environ, **(env or {})}
-        added = node_env(self.request, base, neuron_devices=1 if neuron else 0)
-        child_env = {**base, **added}
-        child_env.setdefault("OMP_NUM_THREADS", "1")
+        added, child_env = self._child_env(env)
         print(f"torchrun: node {self.node_rank}/{self.nnodes}, {n} processes per node ({source}), "
               f"master {self.master_addr}:{self.master_port}", flush=True)
         if added:
@@ -281,7 +279,8 @@ class TorchrunHelper:
             sync("fetch")
         from stoker.distributed.preflight import gate, local_doc
 
-        if self.gang is not None:  # its ranks are forked from a warm launcher: its imports start now
+        warm = self.warm_ranks()
+        if warm:  # its ranks are forked from a warm launcher: its imports start now (torch's at the task's start)
             self._warm(entrypoint, module, child_env)
         if self.gang is not None and self.node_rank == 0:  # what the spares get ready (and check) while they wait
             self.gang.publish_warmup(self.staged, self.neuron_cache if sync else None, self.store_url,
@@ -295,24 +294,66 @@ class TorchrunHelper:
             with timed_phase("preflight"):
                 gate(self, entrypoint, module, n, child_env, asked=preflight, paths=preflight_paths)
         try:
-            if pre:
-                with timed_phase("precompile"):
-                    self._precompile(entrypoint, args, module, n, child_env, pre)
-                if sync:
-                    sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
-            if self.gang is not None:  # a gang with spares: its ranks per generation (distributed/generations.py)
-                try:
-                    run_generations(self, self.gang, lambda genv, cut: self._spawn_warm(entrypoint, args, module, n,
-                                                                                        genv, cut), child_env)
-                finally:
-                    from stoker.distributed.warm import close_all
-
-                    close_all()
-            else:
-                self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
+            self._train(entrypoint, args, module, n, child_env, pre, sync, warm)
         finally:
             if sync:
                 sync("upload")
+
+    def _train(self, entrypoint: str, args: Any, module: bool | None, n: int, child_env: dict[str, str],
+               pre: bool | Mapping[str, Any], sync: Callable[..., None] | None, warm: bool) -> None:
+        """The pre-compilation pass when asked, then the ranks: per generation (a gang with spares), forked from the
+        warm launcher (every node on this machine), or under torchrun."""
+        if pre:
+            with timed_phase("precompile"):
+                self._precompile(entrypoint, args, module, n, child_env, pre)
+            if sync:
+                sync("upload", "precompile")  # the graphs it compiled: part of the pre-compilation
+        if not warm:
+            self._spawn(self.command(entrypoint, args, module, n), child_env, "torchrun")
+            return
+        from stoker.distributed.warm import close_all
+
+        try:
+            if self.gang is not None:  # a gang with spares: its ranks per generation (distributed/generations.py)
+                run_generations(self, self.gang, lambda genv, cut: self._spawn_warm(entrypoint, args, module, n,
+                                                                                    genv, cut), child_env)
+            else:
+                self._spawn_warm(entrypoint, args, module, n, child_env)
+        finally:
+            close_all()
+
+    def _child_env(self, env: Mapping[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
+        """(what the node adds for its devices and network, the ranks' whole environment)."""
+        base = {**os.environ, **(env or {})}
+        added = node_env(self.request, base, neuron_devices=1 if self.uses_neuron() else 0)
+        child_env = {**base, **added}
+        child_env.setdefault("OMP_NUM_THREADS", "1")
+        return added, child_env
+
+    def warm_ranks(self) -> bool:
+        """Whether this node forks its ranks from a warm launcher (distributed/warm.py) instead of running torchrun:
+        a gang with spares always; any other when every node is on this machine (the rendezvous is a loopback
+        address: a local gang), unless $STOKER_WARM_RANKS=0, max_restarts asks torchrun to restart the workers in
+        place, or the ranks run on Neuron (its runtime cannot be forked: each rank would start anew anyway)."""
+        if self.gang is not None:
+            return True
+        from stoker.distributed.warm import OFF_ENV
+
+        return (os.environ.get(OFF_ENV, "1") != "0" and not self.max_restarts and on_this_host(self.master_addr)
+                and not self.uses_neuron())
+
+    def start_early(self) -> None:
+        """Start the warm launcher when the task starts (`@torchrun`'s task_started), so that its Python and torch
+        imports overlap the step's own code before `run()`; a gang with spares starts its own in `run()` (a spare's
+        waits warm already). Best effort: `run()` starts one if this could not."""
+        if self.gang is not None or not self.warm_ranks():
+            return
+        try:
+            from stoker.distributed.warm import WarmLauncher
+
+            WarmLauncher.get(self._child_env(None)[1], os.getcwd()).preload()
+        except Exception as e:  # noqa: BLE001 - run() starts it then
+            print(f"stoker: could not start the warm launcher early ({e})", file=sys.stderr, flush=True)
 
     def _warm(self, entrypoint: str, module: bool | None, env: Mapping[str, str]) -> None:
         """Start this node's warm launcher (a spare's is already running) and its imports of the entrypoint's."""

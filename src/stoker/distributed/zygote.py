@@ -40,6 +40,8 @@ from typing import Any
 
 MAX_MSG = 1 << 20
 # imported in a rank, never in the zygote: they start the device runtime's threads, and a fork copies one thread
+# an entrypoint's `WARM_IMPORTS = ("pkg.mod", ...)`: modules it imports late (when its training starts), preloaded too
+WARM_IMPORTS = "WARM_IMPORTS"
 NOT_PRELOADED = ("torch_xla", "torch_neuronx", "neuronx_distributed", "libneuronxla", "jax", "tensorflow")
 
 
@@ -102,8 +104,9 @@ def _module_file(module: str) -> str | None:
 
 
 def entry_imports(module: str | None, script: str | None, here: str | None = None) -> list[str]:
-    """torch, and the installed modules the entrypoint's file imports (anywhere in it: a `main()` imports late), found
-    by reading it, not running it; relative imports, the entrypoint's own modules (in `here`: the folder a rank's
+    """torch, and the installed modules the entrypoint's file imports (anywhere in it: a `main()` imports late) or
+    names in its `WARM_IMPORTS` (what the code it calls imports late), found by reading it, not running it; relative
+    imports, the entrypoint's own modules (in `here`: the folder a rank's
     `sys.path[0]` is) and the device runtimes (NOT_PRELOADED) left out."""
     import ast
 
@@ -119,6 +122,8 @@ def entry_imports(module: str | None, script: str | None, here: str | None = Non
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.append(node.module)
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == WARM_IMPORTS for t in node.targets):
+            names += _literal_names(node.value)
     seen: list[str] = []
     for n in names:
         top = n.split(".")[0]
@@ -128,11 +133,22 @@ def entry_imports(module: str | None, script: str | None, here: str | None = Non
     return seen
 
 
+def _literal_names(value: Any) -> list[str]:
+    """The module names of a `WARM_IMPORTS = ("a.b", ...)` assignment (nothing when it is no literal of strings)."""
+    import ast
+
+    try:
+        names = ast.literal_eval(value)
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, (tuple, list)) else []
+
+
 def _preload(entry: dict[str, Any]) -> dict[str, Any]:
     import importlib
 
     module, script = entry.get("module"), entry.get("script")
-    here = os.getcwd() if module else os.path.dirname(os.path.abspath(script or "."))
+    here = os.getcwd() if module or not script else os.path.dirname(os.path.abspath(script))
     sys.path[0] = here  # as the rank's: `python -m` puts the working folder first, `python script.py` its folder
     t0, loaded, failed = time.monotonic(), [], {}
     for name in entry_imports(module, script, here):

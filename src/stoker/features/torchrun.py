@@ -32,7 +32,9 @@ class TorchrunDecorator(ParallelDecorator):
     order = 6  # after @environment: the launcher's environment has its variables
 
     def task_started(self, ctx: TaskContext) -> None:
-        current._set(torch=helper_for(ctx.func, ctx.parallel))
+        helper = helper_for(ctx.func, ctx.parallel)
+        current._set(torch=helper)
+        helper.start_early()  # a node whose ranks are forked from a warm launcher: its torch imports start now
 
     def spares(self) -> int:
         n = self.attributes.get("spares") or 0

@@ -22,6 +22,9 @@ import time
 from stoker.errors import ConfigError, Preempted, StokerError
 
 log = logging.getLogger("stoker.train")
+# what the trainer imports late, when training starts: a warm launcher (distributed/zygote.py) imports them once for
+# every rank it forks (seconds per rank otherwise: torch._dynamo alone is 1-2 s); none of them starts a thread
+WARM_IMPORTS = ("torch._dynamo", "torch.utils.tensorboard", "stoker.data", "rich.console", "rich.progress", "psutil")
 
 
 RESULT_FILE: list[str] = []  # --result-file PATH: rank 0 also writes the result JSON there (flows read it)

@@ -236,7 +236,7 @@ def test_every_check_passing_prints_one_line_with_the_time(tmp_path):
                 clock=lambda: next(ticks), lines=lines)(2)
     assert took == pytest.approx(4.25)
     assert lines == ["preflight: node 1 (node-b) ok in 4.2 s: 2 GPUs, efa ok (2 interfaces), data ok (1 paths), "
-                     "disk 500 GB free, all_reduce 80.00 GB/s ≥ 40 (nccl)"]
+                     "disk 500 GB free, all_reduce 80.00 GB/s ≥ 40 (nccl); 3 Pythons started"]
     node, host, verdict, seconds = PREFLIGHT_LINE.match(lines[0]).groups()
     assert (node, host, verdict, float(seconds)) == ("1", "node-b", "ok", 4.2)
 
@@ -265,6 +265,29 @@ def test_a_preflight_failure_is_permanent():
 class FakeHelper:
     nnodes, node_rank, master_port = 1, 0, 29500
     request: dict = {}
+
+
+def test_on_one_host_the_all_reduce_is_skipped_and_one_python_started(tmp_path):
+    """Every node on this machine (a local gang): the all_reduce would test loopback for the price of a torchrun and
+    nproc Pythons importing torch; the imports check (one short Python) and the other local checks stay."""
+    launcher, run, lines = AllReduce(busbw=1.0), Commands(python=(0, '{"missing": [], "error": null}')), []
+    make(tmp_path, one_host=True, entrypoint="stoker.train", python="python", run=run, allreduce_command=torchrun_like,
+         launch=launcher, lines=lines)(2)
+    assert launcher.cmds == [] and [c[0] for c in run.calls] == ["python"]
+    assert "imports ok" in lines[0] and "disk 500 GB free" in lines[0], lines
+    assert lines[0].endswith("all_reduce skipped (every node is on this machine); 1 Python started"), lines
+    for env in ({MIN_BUSBW_ENV: "0.5"}, {"STOKER_PREFLIGHT_ALLREDUCE": "1"}):  # asked for: it runs there too
+        launcher, lines = AllReduce(busbw=1.0), []
+        make(tmp_path, one_host=True, env={"PATH": tools(tmp_path), **env}, allreduce_command=torchrun_like,
+             launch=launcher, lines=lines)(2)
+        assert len(launcher.cmds) == 1 and lines[0].endswith("; 3 Pythons started"), lines
+
+
+def test_gate_sees_a_loopback_rendezvous_as_one_host():
+    from stoker.distributed.accel import on_this_host
+
+    assert on_this_host("127.0.0.1") and on_this_host("localhost") and on_this_host("::1")
+    assert not on_this_host("10.0.0.7") and not on_this_host("node-a")
 
 
 def test_gate_is_off_for_one_node_unless_asked():
