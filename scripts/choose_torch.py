@@ -44,7 +44,7 @@ import urllib.request
 
 TORCH_VERSION = "2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-CPU_WHEEL_MB = 190  # torch-2.13.0+cpu-cp311 manylinux x86_64: 192 MB; about 0.9 GB installed
+CPU_WHEEL_MB = 190  # torch-2.13.0+cpu-cp311 manylinux x86_64: 192 MB; about 0.8 GB installed
 
 
 def say(msg: str) -> None:
@@ -122,7 +122,7 @@ def choose(env: dict[str, str] | None = None) -> list[str]:
             " it pins its own torch, which is then kept); meanwhile stoker gets the CPU build")
     spec = f"torch=={TORCH_VERSION}+cpu"
     index = env.get("STOKER_TORCH_INDEX", CPU_INDEX).strip()
-    size = f"about {CPU_WHEEL_MB} MB to download, 0.9 GB installed"
+    size = f"about {CPU_WHEEL_MB} MB to download, 0.8 GB installed"
     if index.lower() in ("pip", "none", ""):
         say(f"{why}: installing torch {TORCH_VERSION}, the CPU build, from pip's configuration "
             f"(STOKER_TORCH_INDEX={index}; {size})")
