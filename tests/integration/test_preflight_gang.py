@@ -14,14 +14,33 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 
 def test_every_node_checks_itself_before_the_command(tmp_path):
+    """A local gang (every node on this machine): each node runs the local checks, starting one Python (the imports
+    check), and skips the all_reduce (loopback); then its ranks are forked from its warm launcher, not torchrun."""
     p = run_flow("preflight_flow.py", "run", cwd=tmp_path)
     lines = [ln for ln in p.stdout.splitlines() if "preflight: node" in ln]
     assert len(lines) == 2, p.stdout
     for node in (0, 1):
         line = next(ln for ln in lines if f"preflight: node {node} (" in ln)
         assert re.search(r"ok in [0-9.]+ s: no accelerator asked, imports ok, data ok \(1 paths\), disk \d+ GB free, "
-                         r"all_reduce [0-9.]+ GB/s ≥ 0 \(gloo\)", line), line
+                         r"all_reduce skipped \(every node is on this machine\); 1 Python started$", line), line
+        assert re.search(rf"stoker: node {node} runs 2 rank\(s\) forked from the warm launcher \([0-9.]+ s of "
+                         r"imports done before\) in [0-9.]+ s: -m stoker.train.collectives", p.stdout), p.stdout[-3000:]
+    assert "torch.distributed.run" not in p.stdout
+    for node, rank in ((0, 0), (1, 2)):  # torchrun's --tee=3 prefixes, rank 0 on node 0 (each node's first rank prints)
+        assert re.search(rf"/train/\d+\] \[default{rank}\]:result OK: node rank {node}, world size 4", p.stdout), \
+            p.stdout[-3000:]
     assert "attempts [0]" in p.stdout
+
+
+def test_warm_ranks_off_runs_torchrun_and_a_floor_runs_the_all_reduce_here(tmp_path):
+    env = {"STOKER_WARM_RANKS": "0", "STOKER_PREFLIGHT_MIN_BUSBW_GBPS": "0"}
+    p = run_flow("preflight_flow.py", "run", cwd=tmp_path, env=env)
+    assert re.search(r"stoker: node 0 runs: \S+ -m torch.distributed.run --nnodes=2 --node_rank=0", p.stdout), \
+        p.stdout[-3000:]
+    assert "forked from the warm launcher" not in p.stdout
+    lines = [ln for ln in p.stdout.splitlines() if "preflight: node" in ln]
+    assert len(lines) == 2 and all(re.search(r"all_reduce [0-9.]+ GB/s ≥ 0 \(.*\); 4 Pythons started$", ln)
+                                   for ln in lines), lines
 
 
 def test_a_node_missing_its_staged_data_stops_the_run_without_a_retry(tmp_path):
