@@ -349,4 +349,4 @@ def apply_with(flow_cls: type, specs: list[str]) -> None:
                 raise ConfigError(f"--with {spec}: @{template.name} marks gang steps and cannot be added to every "
                                   f"step; put it on the step in the flow file")
             if get_decorator(func, template.name) is None:
-                func.decorators.append(type(template)(dict(template.attributes), statically_defined=False))
+                func.decorators.append(type(template)(dict(template._raw), statically_defined=False))

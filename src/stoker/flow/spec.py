@@ -215,6 +215,13 @@ class FlowSpec:
 
         return os.path.basename(inspect.getfile(type(self)))
 
+    @property
+    def _graph_info(self) -> dict[str, Any]:
+        """Metaflow's `FlowSpec._graph_info` in a task (what `current.graph` gives): a docs example prints it."""
+        from stoker.flow.current import current
+
+        return current.graph
+
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         if name.startswith("__") or "_inherited" not in d:

@@ -1,0 +1,24 @@
+# From Metaflow's documentation, https://docs.metaflow.org/metaflow/composing-flows/mutators
+# (github.com/Netflix/metaflow-docs docs/metaflow/composing-flows/mutators.md at 1d023210; Apache License 2.0). Verbatim below this header.
+# ruff: noqa
+import math
+from metaflow import FlowSpec, step
+
+from robust_flow import robust_flow
+
+@robust_flow(fallback_indicator='failed')
+class FailFlow(FlowSpec):
+
+    @step
+    def start(self):
+        x = 3
+        for i in range(5):
+            math.sqrt(x - i)
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+if __name__ == '__main__':
+    FailFlow()
