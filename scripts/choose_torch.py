@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import sys
@@ -54,8 +55,8 @@ def say(msg: str) -> None:
 def installed_torch() -> str | None:
     try:
         return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    except importlib.metadata.PackageNotFoundError:  # a torch without pip's metadata (a source build) counts too
+        return "(version unknown)" if importlib.util.find_spec("torch") else None
 
 
 def devices(root: str, smi_name: str = "nvidia-smi") -> tuple[str | None, str | None]:
