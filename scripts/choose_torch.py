@@ -80,14 +80,19 @@ def probe(index: str, timeout: float) -> str | None:
     result: list[str | None] = [f"no answer in {timeout:g}s"]
 
     def ask() -> None:
-        try:
-            req = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "stoker-setup"})
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                result[0] = None if r.status < 400 else f"HTTP {r.status}"
-        except urllib.error.HTTPError as e:
-            result[0] = f"HTTP {e.code}"
-        except Exception as e:  # DNS, refused, TLS, timeout: all mean "use pip's configuration"
-            result[0] = str(getattr(e, "reason", None) or e) or type(e).__name__
+        for method in ("HEAD", "GET"):  # GET where a server refuses HEAD; only its headers are read
+            try:
+                req = urllib.request.Request(url, method=method, headers={"User-Agent": "stoker-setup"})
+                with urllib.request.urlopen(req, timeout=timeout) as r:
+                    result[0] = None if r.status < 400 else f"HTTP {r.status}"
+                return
+            except urllib.error.HTTPError as e:
+                result[0] = f"HTTP {e.code}"
+                if e.code not in (403, 405, 501):
+                    return
+            except Exception as e:  # DNS, refused, TLS, timeout: all mean "use pip's configuration"
+                result[0] = str(getattr(e, "reason", None) or e) or type(e).__name__
+                return
 
     t = threading.Thread(target=ask, daemon=True)  # a thread: getaddrinfo() has no timeout of its own
     t.start()
