@@ -95,3 +95,15 @@ def test_hang_causes_and_faulthandler_dumps_are_read():
             '  File "/y.py", line 1 in <module>\n')
     assert parse(dump, main=0xAA) == [("MainThread", [("/x.py", 9, "outer"), ("/x.py", 3, "inner")]),
                                      ("0x00000000000000bb (it received the signal)", [("/y.py", 1, "<module>")])]
+
+
+def test_a_hung_attempts_silence_is_booked_as_hang_in_the_ledger():
+    from stoker.client.goodput import CATEGORIES, _book_hang
+
+    sec = {**dict.fromkeys(CATEGORIES, 0.0), "startup": 20.0, "productive": 100.0, "shutdown": 30.0}
+    m = {"exception": {"type": "TaskHang", "cause": "hang", "message": "no progress for 45 s (hang timeout 45 s)"}}
+    _book_hang(sec, m)
+    assert (sec["hang"], sec["shutdown"], sec["startup"], sec["productive"]) == (45.0, 0.0, 5.0, 100.0)
+    untouched = {**dict.fromkeys(CATEGORIES, 0.0), "shutdown": 30.0}
+    _book_hang(untouched, {"exception": {"type": "ValueError", "cause": "user", "message": "no progress for 9 s"}})
+    assert untouched["hang"] == 0.0 and untouched["shutdown"] == 30.0
