@@ -86,12 +86,17 @@ def hooked(folder: str) -> dict[int, dict]:
     return out
 
 
+def is_rank(head: dict) -> bool:
+    """Whether a hooked process is a rank (it has $RANK) or torchrun: what a hung gang's stop kills."""
+    return head.get("rank") not in (None, "") or _what(head) == "torchrun"
+
+
 def _what(head: dict) -> str:
     if head.get("rank") not in (None, ""):
         return f"rank {head['rank']}"
     argv = head.get("argv", "")
-    return "torchrun" if "torch.distributed.run" in argv else "launcher" if "warm" in argv or "zygote" in argv \
-        else "process"
+    return "torchrun" if "torch.distributed.run" in argv or "torchrun" in argv else \
+        "warm launcher" if "stoker.distributed.zygote" in argv else "process"
 
 
 def collect(folder: str, skip: set[int] = frozenset(), wait_s: float = 2.0) -> list[ProcessStacks]:

@@ -1,7 +1,9 @@
 """Loaded by every Python process started under a task with this folder on PYTHONPATH (torchrun, its ranks, a warm
-launcher): installs the stack hook (stackhook.py), then hands over to the environment's own `sitecustomize`, if any.
-Never fails a process: the hook is best effort."""
+launcher): installs the stack hook (stackhook.py), then runs the environment's own `sitecustomize`, if any, which
+this one shadows. Never fails a process: the hook is best effort."""
 
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -16,8 +18,10 @@ except Exception:  # noqa: BLE001, S110 - a hook must never stop a rank from sta
     pass
 finally:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-    sys.modules.pop("sitecustomize", None)
-    try:  # the environment's own sitecustomize, which this one shadowed
-        import sitecustomize  # noqa: F401
-    except ImportError:
-        pass
+try:  # the environment's own sitecustomize
+    _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
+    if _spec is not None and _spec.loader is not None:
+        _theirs = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_theirs)
+except Exception as e:  # noqa: BLE001 - as Python reports a failing sitecustomize, and goes on
+    print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}", file=sys.stderr)

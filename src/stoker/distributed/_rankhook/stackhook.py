@@ -46,7 +46,7 @@ def install(folder: str = "") -> None:
         faulthandler.register(SIGNAL, file=stk, all_threads=True, chain=False)
     head = {"pid": pid, "rank": os.environ.get("RANK"), "local_rank": os.environ.get("LOCAL_RANK"),
             "host": os.uname().nodename, "start": start_time(pid), "main": threading.main_thread().ident,
-            "argv": " ".join(sys.argv)[:200]}
+            "argv": " ".join(getattr(sys, "orig_argv", sys.argv))[:300]}
     state["file"].write("#stoker " + json.dumps(head) + "\n")
     state["file"].flush()
     mark(force=True)

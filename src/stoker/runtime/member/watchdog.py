@@ -178,8 +178,7 @@ class Watchdog:
             signal.pthread_kill(self.main, INTERRUPT)
         time.sleep(0.2)  # the step unwinds first (a torchrun wait ends on TaskHang, not on its ranks' deaths)
         hooked = rankstacks.hooked(self.folder)
-        ranks = {p for p, h in hooked.items()
-                 if h.get("rank") not in (None, "") or "torch.distributed.run" in h.get("argv", "")}
+        ranks = {p for p, h in hooked.items() if rankstacks.is_rank(h)}
         rankstacks.signal_all(self.folder, signal.SIGKILL, skip=(set(hooked) - ranks) | {os.getpid()})
 
     def _gang_stacks(self) -> str:
