@@ -8,6 +8,7 @@ assigning `result`, which comes back as JSON. Every compatibility test compares 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -114,15 +115,24 @@ def run_flow(engine: Engine, flow: str, folder: Path, *args: str, top: tuple[str
 def run_command(engine: Engine, argv: list[str], cwd: Path, home: Path, env: dict[str, str] | None = None,
                 timeout: float = 120) -> FlowRun:
     """`engine.python *argv` in `cwd` with the runs in `home`, killed with its whole process group after
-    `timeout` s: a hang then fails at once with what it printed (exit 124, as timeout(1) reports)."""
+    `timeout` s: a hang then fails at once with what it printed (exit 124, as timeout(1) reports), and with the
+    Python stacks of the processes that share its stderr (SIGABRT first, with PYTHONFAULTHANDLER set)."""
     proc = subprocess.Popen([engine.python, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=engine.env(home, env), start_new_session=True)
+                            text=True, env=engine.env(home, {"PYTHONFAULTHANDLER": "1", **(env or {})}),
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
         code = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=30)
+        out = err = ""
+        for sig, wait in ((signal.SIGABRT, 3), (signal.SIGKILL, 30)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                out, err = proc.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         code, err = 124, err + f"\n[compat] killed after {timeout:.0f} s: {' '.join(argv)}\n"
     done = subprocess.CompletedProcess([engine.python, *argv], code, out, err)
     return FlowRun(engine, cwd, home, done, dict(env or {}))
