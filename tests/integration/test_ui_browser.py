@@ -26,7 +26,7 @@ STEPS = 24  # train logs one loss point per step, 0.5 s apart: long enough to re
 def _missing() -> str | None:
     for path in (CHROMIUM, DRIVER):
         if not os.path.exists(path):
-            return f"{path} is missing: apt-get install chromium chromium-driver (scripts/setup, .ci/run do it)"
+            return f"{path} is missing: apt-get install chromium chromium-driver (`make test` does it as root)"
     try:
         import selenium  # noqa: F401
         import uvicorn  # noqa: F401
