@@ -88,7 +88,7 @@ def play(engine: Engine, ex: Example, folder: Path, tutorials: Path) -> Played:
 
 
 def play_all(engines: dict[str, Engine], examples: dict[str, Example], base: Path,
-             workers: int = 4) -> dict[str, dict[str, Played]]:
+             workers: int = 6) -> dict[str, dict[str, Played]]:
     """{example: {engine: Played}}, every example on every engine, `workers` at a time."""
     jobs = [(key, name) for key in examples for name in ENGINES]
     tutorials = metaflow_tutorials(engines["metaflow"])
