@@ -57,10 +57,11 @@ def flow_env(home: Path, sizes: list[str], **extra: str) -> dict[str, str]:
             **extra}
 
 
-def run_fork_flow(cwd: Path, sizes: list[str], *args: str, expect: int | None = 0, **env: str) -> str:
+def run_fork_flow(cwd: Path, sizes: list[str], *args: str, expect: int | None = 0, timeout: float = HANG_S,
+                  **env: str) -> str:
     include_files(cwd / "inc", sizes)
     return bounded([sys.executable, str(FLOWS / "fork_safety_flow.py"), *(args or ("run",))], cwd,
-                   flow_env(cwd / "home", sizes, **env), expect=expect)
+                   flow_env(cwd / "home", sizes, **env), timeout=timeout, expect=expect)
 
 
 def checked(out: str, *steps: str) -> None:
@@ -207,7 +208,7 @@ def test_a_run_on_an_s3_store(aws, tmp_path):
 def test_a_run_on_slurm(tmp_path, slurm_cluster, monkeypatch):
     """Every task on the localhost Slurm cluster: each node's agent is forked by its supervisor (slurm/node.py)."""
     monkeypatch.setenv("STOKER_SHARED_PATHS", str(tmp_path))
-    out = run_fork_flow(tmp_path, ["0B", "1KB", "300KB"], "run", "--backend", "slurm")
+    out = run_fork_flow(tmp_path, ["0B", "1KB", "300KB"], "run", "--backend", "slurm", timeout=150)  # 50 s at load 12
     checked(out, "carded", "monitored", "join", "end")
 
 
