@@ -174,7 +174,7 @@ class LocalBackend(InProcessBackend):
                 raise ConfigError("@torchrun(spares=...) runs local spares as forked processes: unset "
                                   "STOKER_TASK_LAUNCH=subprocess, or drop spares")
             doc.update(spares=unit.spares, first_slots=unit.first_slots)
-        if self.mode == "fork" or (self.mode == "forkserver" and self.server is None):
+        if self.reaper is None and self.mode != "subprocess":  # the first submit: the run's code has all run
             self._forkable()
         if self.results is None and self.mode != "subprocess" and self.entry is not None:
             self._open_results()
