@@ -153,6 +153,8 @@ def test_every_size_made_in_the_driver_and_in_tasks_reaches_every_step(matrix, m
     assert len(start.data.inc_64MB) == 64 << 20 and start.data.bytes_64MB[:8] == np.random.default_rng(
         (64 << 20) + 1).bytes(8)
     assert run["carded"].task.successful and run["monitored"].task.successful
+    shown = run.parameters["inc_64MB"]  # the run record shows a short repr: JSON of 64 MB took the driver minutes
+    assert len(shown) < 200 and shown.endswith(f"({64 << 20} bytes)"), shown[:300]
 
 
 @pytest.mark.slow
