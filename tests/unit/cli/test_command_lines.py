@@ -70,6 +70,9 @@ CASES: dict[str, Case] = {
     "logs --attempt -1": S("logs", "F/1/start", "--attempt", "-1", code=USAGE, text="whole number >= 0"),
     "logs a bad pathspec": S("logs", "nothing", text="give FLOW/RUN/STEP"),
     "kill a bad pathspec": S("kill", "nothing", text="give FLOW/RUN"),
+    "stacks a bad pathspec": S("stacks", "nothing", text="give FLOW/RUN, FLOW/RUN/STEP or FLOW/RUN/STEP/TASK"),
+    "stacks --wait 0": S("stacks", "F/1", "--wait", "0", code=USAGE, text="must be a finite number >= 0.5"),
+    "logs --stacks of a run": S("logs", "F/1", "--stacks", text="give FLOW/RUN/STEP or FLOW/RUN/STEP/TASK"),
     "goodput of no such run": S("goodput", "NoFlow/1", text="does not exist"),
     # stoker quickstart: the pipeline's settings, checked when the run starts (before data is prepared)
     "quickstart cluster.nodes=-1": S("quickstart", "--set", "cluster.nodes=-1",
@@ -109,6 +112,7 @@ CASES: dict[str, Case] = {
     # python flow.py (the quickstart flow as `python -m`): refused before a run is created
     "run --max-workers 0": M(FLOW, "run", "--max-workers", "0", code=USAGE, text="must be a whole number >= 1"),
     "run --max-workers -3": M(FLOW, "run", "--max-workers", "-3", code=USAGE, text="got -3"),
+    "run --hang-timeout -1": M(FLOW, "run", "--hang-timeout", "-1", code=USAGE, text="must be a finite number >= 0"),
     "run --tag user:mallory": M(FLOW, "run", "--tag", "user:mallory", text="'user:' are system tags"),
     "run --tag project:other": M(FLOW, "run", "--tag", "project:other", text="'project:' are system tags"),
     "run --tag with a newline": M(FLOW, "run", "--tag", "a\nb", text="control character ('\\n')"),
