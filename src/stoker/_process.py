@@ -187,10 +187,8 @@ def native_threads() -> int:
 
 
 def cuda_initialized() -> bool:
-    """Whether CUDA was initialized here (a forked child cannot use it: torch refuses, other libraries fail)."""
-    cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and hasattr(cuda, "is_initialized"):  # torch's answer, without reading its long maps
-        return bool(cuda.is_initialized())
+    """Whether the CUDA driver is loaded here: a CUDA call was made (`torch.cuda.is_available()` is one), after
+    which a forked child cannot use CUDA (torch refuses, the driver fails its initialization)."""
     return "libcuda.so" in _maps()
 
 

@@ -56,25 +56,12 @@ def _threads() -> int:
         return 1
 
 
-def _cuda_loaded() -> bool:
-    """Whether the CUDA driver is loaded in this process (a CUDA call was made: a fork cannot use CUDA then)."""
-    try:
-        with open("/proc/self/maps") as f:
-            return "libcuda.so" in f.read()
-    except OSError:
-        return False
-
-
 def unsafe_to_fork() -> str:
     """Why a fork of this process would not be a clean rank ("" when it would): a second thread, a device runtime
-    imported along the way (by one of the entrypoint's own modules), CUDA touched."""
-    if runtimes := sorted({m.split(".")[0] for m in sys.modules} & set(NOT_PRELOADED)):
-        return f"{', '.join(runtimes)} imported"
-    if _cuda_loaded():
-        return "CUDA initialized"
-    if (n := _threads()) > 1:
-        return f"{n} threads"
-    return ""
+    imported along the way (by one of the entrypoint's own modules), CUDA touched (stoker._process's check)."""
+    from stoker._process import unsafe_to_fork as check
+
+    return check(NOT_PRELOADED, max_threads=1)
 
 
 def _local(name: str, here: str) -> bool:
