@@ -61,6 +61,7 @@ class Watchdog:
         self.main = threading.main_thread().ident
         self.old_env = {k: os.environ.get(k) for k in (rankstacks.ENV, "PYTHONPATH")}
         self.old_handler: Any = None
+        self.armed = False  # whether TaskHang can be raised in the main thread (a handler of ours is installed)
         self.thread: threading.Thread | None = None
         self.seen, self.ranks = 0, False  # hooked processes seen; whether one is a rank
 
@@ -75,6 +76,7 @@ class Watchdog:
             stackhook.install(folder)
             if threading.current_thread() is threading.main_thread():
                 self.old_handler = signal.signal(INTERRUPT, self._on_interrupt)
+                self.armed = True
         except (OSError, ValueError) as e:
             print(f"stoker: no stacks or hang detection for this task ({e})", file=sys.stderr, flush=True)
             return None
@@ -84,6 +86,7 @@ class Watchdog:
 
     def stop(self) -> None:
         """The step has ended: stop watching, restore what `start` changed."""
+        self.raised = True  # a TaskHang fired just now must not break out of the task's own ending
         self.done.set()
         stackhook.uninstall()
         for k, v in self.old_env.items():
@@ -91,8 +94,8 @@ class Watchdog:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if self.old_handler is not None:
-            signal.signal(INTERRUPT, self.old_handler)
+        if self.armed:
+            signal.signal(INTERRUPT, self.old_handler if self.old_handler is not None else signal.SIG_DFL)
 
     # -- the thread -------------------------------------------------------------------------------
     def limit(self) -> tuple[float, str]:
@@ -174,7 +177,7 @@ class Watchdog:
         except Exception as e:  # noqa: BLE001 - they are in the log too
             print(f"stoker: could not store the stacks ({e}); they are in the log above", file=sys.stderr, flush=True)
         self.message = f"{msg}; stacks: stoker logs {s.pathspec} --stacks"
-        if self.old_handler is not None:
+        if self.armed:
             signal.pthread_kill(self.main, INTERRUPT)
         time.sleep(0.2)  # the step unwinds first (a torchrun wait ends on TaskHang, not on its ranks' deaths)
         hooked = rankstacks.hooked(self.folder)
