@@ -1,7 +1,8 @@
 """Issue 33 item 3, stacks and hangs, on the local backend with real processes: a @torchrun gang (gloo) whose rank 1
 never joins the all_reduce rank 0 waits in is stopped as `hang` within its hang timeout, with the stacks of both ranks
 recorded (`stoker logs --stacks`) and named in `stoker show`; while it hangs, `stoker stacks` shows the stuck frames;
-a plain task stuck in user code is stopped by its @timeout(hang=) and retried by @retry."""
+a plain task stuck in user code is stopped by its @timeout(hang=) and retried by @retry. One gang run covers both
+the live stacks and the stop (a gang's start-up is most of its time)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.helpers import FLOWS, run_flow
 from tests.integration.test_slurm_faults import _start
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
-HANG_S = 6
+HANG_S = 10
 
 
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -43,34 +44,28 @@ def check_hung_gang(out, started: float, joined: float, ended: float, cwd) -> No
 
 
 @pytest.mark.timeout(90)
-def test_a_deadlocked_gang_is_stopped_as_hang_with_its_stacks(tmp_path):
+def test_a_deadlocked_gang_shows_its_stacks_then_is_stopped_as_hang(tmp_path):
     t0 = time.time()
     proc, out = _start(FLOWS / "hang_flow.py", "--hang-timeout", str(HANG_S), "--no-preflight", cwd=tmp_path)
-    joined = max(out.wait_for("rank 1 joined", 60), out.wait_for("rank 0 joined", 5))
-    ended = out.wait_for("failed after 1 attempt", HANG_S + 30)
-    assert proc.wait(30) == 1
-    check_hung_gang(out, t0, joined, ended, tmp_path)
-
-
-@pytest.mark.timeout(90)
-def test_stacks_shows_the_stuck_frames_of_a_live_gang(tmp_path):
-    proc, out = _start(FLOWS / "hang_flow.py", "--hang-timeout", "300", "--no-preflight", cwd=tmp_path)
     try:
-        out.wait_for("rank 1 joined", 60)
-        out.wait_for("rank 0 joined", 5)
+        joined = max(out.wait_for("rank 1 joined", 60), out.wait_for("rank 0 joined", 5))
         run = Flow("HangFlow").latest_run
-        p = cli("stacks", run.pathspec, cwd=tmp_path)
+        p = cli("stacks", run.pathspec, cwd=tmp_path)  # while it hangs
         assert p.returncode == 0, p.stdout + p.stderr
         for frame in ("rank_one_never_joins", "rank_zero_waits_in_all_reduce", "work.wait()",
                       f"[{run.pathspec}/train/", " rank 1 pid ", " task pid ", "Traceback (most recent call last):"):
             assert frame in p.stdout, p.stdout
         step = cli("stacks", f"{run.pathspec}/start", cwd=tmp_path)
         assert step.returncode == 1 and "has no live tasks" in step.stdout, step.stdout
+        ended = out.wait_for("failed after 1 attempt", HANG_S + 30)
+        assert proc.wait(30) == 1
     finally:
-        cli("kill", Flow("HangFlow").latest_run.pathspec, cwd=tmp_path)
-        proc.wait(60)
-    done = cli("stacks", Flow("HangFlow").latest_run.pathspec, cwd=tmp_path)
-    assert done.returncode == 1 and "has no live tasks: the run is killed" in done.stdout, done.stdout
+        if proc.poll() is None:
+            cli("kill", Flow("HangFlow").latest_run.pathspec, cwd=tmp_path)
+            proc.wait(60)
+    check_hung_gang(out, t0, joined, ended, tmp_path)
+    done = cli("stacks", run.pathspec, cwd=tmp_path)
+    assert done.returncode == 1 and "has no live tasks: the run is failed" in done.stdout, done.stdout
 
 
 @pytest.mark.timeout(60)
