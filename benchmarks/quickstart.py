@@ -48,6 +48,8 @@ class Result:
     run: str = ""
     startup_share: float | None = None  # of the train step's node-time
     startup: dict[str, float] = field(default_factory=dict)  # its parts, node-seconds summed over the nodes
+    train_s: float | None = None  # the train step's wall time
+    mean_step_s: float | None = None  # its mean training step (the productive part: what start-up work cannot cut)
     load_before: str = ""
     load_after: str = ""
 
@@ -65,19 +67,21 @@ def stoker(args: list[str], env: dict[str, str], timeout: float) -> subprocess.C
                           timeout=timeout)
 
 
-def train_startup(run: str, env: dict[str, str]) -> tuple[float | None, dict[str, float]]:
-    """The train step's start-up share of its node-time and its parts, from `stoker goodput --json`."""
-    p = stoker(["goodput", run, "--json"], env, 300)
+def train_ledger(r: Result, env: dict[str, str]) -> None:
+    """The train step's start-up share of its node-time and its parts, its wall time and mean step, from
+    `stoker goodput --json`."""
+    p = stoker(["goodput", r.run, "--json"], env, 300)
     try:
         step = next(s for s in json.loads(p.stdout)["steps"] if s["step"] == "train")
     except (ValueError, KeyError, StopIteration):
-        return None, {}
+        return
     parts: dict[str, float] = {}
     for task in step.get("tasks") or []:
         for attempt in task.get("attempts") or [task]:
             for k, v in (attempt.get("startup") or {}).items():
                 parts[k] = parts.get(k, 0.0) + float(v)
-    return step["seconds"]["startup"] / step["node_seconds"], parts
+    r.startup_share, r.startup = step["seconds"]["startup"] / step["node_seconds"], parts
+    r.train_s, r.mean_step_s = step.get("wall_s"), step.get("mean_step_s")
 
 
 def one(mode: str, base: dict[str, str], timeout: float) -> Result:
@@ -94,7 +98,7 @@ def one(mode: str, base: dict[str, str], timeout: float) -> Result:
     r = Result(mode, ok, wall, load_before=before, load_after=loadavg())
     if m := re.search(r"stoker: run (LlamaPretrain/\d+)", out):
         r.run = m.group(1)
-        r.startup_share, r.startup = train_startup(r.run, env)
+        train_ledger(r, env)
     if not ok:
         print(f"{mode}: the quickstart failed; the end of its output:\n{out[-3000:]}", file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
@@ -104,7 +108,8 @@ def one(mode: str, base: dict[str, str], timeout: float) -> Result:
 def show(r: Result) -> str:
     share = f"{100 * r.startup_share:.0f} %" if r.startup_share is not None else "?"
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(r.startup.items(), key=lambda kv: -kv[1]) if v >= 0.05)
-    return (f"{r.mode:6} {'ok' if r.ok else 'FAILED':6} {r.wall_s:7.1f} s   start-up {share:>5} of the train step's "
+    train = f"train step {r.train_s:.0f} s, {r.mean_step_s:.2f} s a step" if r.train_s and r.mean_step_s else "?"
+    return (f"{r.mode:6} {'ok' if r.ok else 'FAILED':6} {r.wall_s:7.1f} s   {train}   start-up {share:>5} of its "
             f"node-time ({parts})   load {r.load_before} -> {r.load_after}")
 
 
