@@ -1,7 +1,10 @@
 """`current.torch.run(...)` for @torchrun steps: launch torchrun with the gang's nnodes, node_rank and master.
 
 Any torchrun entrypoint runs: a module (`stoker.train`) or a script path with its own flags (the Neuron
-samples' NxD pretraining script, as a Metaflow flow runs it). On the node it also
+samples' NxD pretraining script, as a Metaflow flow runs it). A gang whose nodes are all on this machine (a local gang:
+its rendezvous is a loopback address) and a gang with spares fork their ranks from a warm launcher instead
+(distributed/warm.py: torchrun's environment, `[default<rank>]:` prefixes, fail-fast), started when the task starts;
+`STOKER_WARM_RANKS=0` runs torchrun for a local gang. On the node it also
 - derives `nproc_per_node` from the step's request and what the node has, and prints it with its source;
 - sets the EFA / Neuron variables the step needs (`accel.node_env`; the user's values win);
 - on Neuron, fetches the compile cache from the store before and uploads it after, even after a failure
