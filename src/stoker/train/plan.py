@@ -2,7 +2,9 @@
 
 A plan is the arithmetic every tensor-parallel Llama trainer depends on: attention heads and KV heads against the
 tensor-parallel degree (and NxD's KV replication), the global batch against data parallelism x micro-batch x
-accumulation, the sequence against the model's positions, and the world against nodes x processes. Each problem is
+accumulation, the sequence against the model's positions, the world against nodes x processes and TP x CP, and the
+attention options NxD's Llama refuses (context parallelism with flash attention, a fused QKV module on a model with
+as many KV heads as heads). Each problem is
 one line naming the setting and the fix; `check` raises them together as one ConfigError.
 
 Two readers fill a plan: `nxd_llama_plan` from the command line of NeuronX Distributed's Llama scripts
@@ -38,6 +40,9 @@ class TrainPlan:
     grad_accum: int | None = None  # None: derived from the global batch
     kv_replicator: int = 1  # NxD: each KV head is repeated this many times before it is split over TP
     replicator_needs_qkv_linear: bool = False  # NxD without --qkv_linear: k/v are not replicated, so it must be 1
+    cp: int = 1  # context parallelism: each data-parallel replica is tp x cp ranks
+    flash_attention: bool = False  # NxD: context parallelism (ring attention) refuses flash attention
+    fused_qkv_linear: bool = False  # NxD: --qkv_linear with --fuse_qkv 1 (see _nxd_problems)
     names: Mapping[str, str] | None = None
 
     def name(self, field: str) -> str:
@@ -52,12 +57,19 @@ def problems(p: TrainPlan) -> list[str]:
     """Every reason the plan cannot run, one line each (empty: it can)."""
     n = p.name
     out: list[str] = []
-    if p.tp < 1 or p.nodes < 1 or p.nproc_per_node < 1 or p.micro_batch < 1 or p.kv_replicator < 1:
-        return [f"{n('tp')}, nodes, processes per node, {n('micro_batch')} and {n('kv_replicator')} must be "
-                f"at least 1 (got {p.tp}, {p.nodes}, {p.nproc_per_node}, {p.micro_batch}, {p.kv_replicator})"]
-    if p.world % p.tp:
+    if min(p.tp, p.cp, p.nodes, p.nproc_per_node, p.micro_batch, p.kv_replicator) < 1:
+        return [f"{n('tp')}, {n('cp')}, nodes, processes per node, {n('micro_batch')} and {n('kv_replicator')} "
+                f"must be at least 1 (got {p.tp}, {p.cp}, {p.nodes}, {p.nproc_per_node}, {p.micro_batch}, "
+                f"{p.kv_replicator})"]
+    model_parallel = p.tp * p.cp
+    if p.world % model_parallel and p.cp == 1:
         out.append(f"{p.nodes} nodes x {p.nproc_per_node} processes = {p.world} ranks, not a multiple of "
                    f"{n('tp')}={p.tp}: pick a tensor-parallel degree that divides {p.world}")
+    elif p.world % model_parallel:  # NxD's initialize_model_parallel raises it (parallel_state.py L572-579)
+        out.append(f"{p.nodes} nodes x {p.nproc_per_node} processes = {p.world} ranks, not a multiple of "
+                   f"{n('tp')}={p.tp} x {n('cp')}={p.cp} = {model_parallel}: pick degrees whose product "
+                   f"divides {p.world}")
+    out += _nxd_problems(p)
     if p.heads % p.tp:
         out.append(f"{n('heads')}={p.heads} is not divisible by {n('tp')}={p.tp}: use a {n('tp')} that divides "
                    f"{p.heads}")
@@ -84,8 +96,8 @@ def problems(p: TrainPlan) -> list[str]:
     if p.max_positions is not None and p.seq_len > p.max_positions:
         out.append(f"{n('seq_len')}={p.seq_len} is longer than the model's {p.max_positions} positions "
                    f"({n('max_positions')}): shorten the sequence or raise {n('max_positions')}")
-    if p.world % p.tp == 0:
-        dp = p.world // p.tp
+    if p.world % model_parallel == 0:
+        dp = p.world // model_parallel
         if p.global_batch is not None:
             per_step = dp * p.micro_batch
             if p.global_batch % per_step:
@@ -96,6 +108,25 @@ def problems(p: TrainPlan) -> list[str]:
                 out.append(f"{n('grad_accum')}={p.grad_accum} x {per_step} sequences per step = "
                            f"{p.grad_accum * per_step}, not {n('global_batch')}={p.global_batch}: set "
                            f"{n('grad_accum')}={p.global_batch // per_step}")
+    return out
+
+
+def _nxd_problems(p: TrainPlan) -> list[str]:
+    """What NxD's LlamaAttention refuses whatever the arithmetic (aws-neuron/neuronx-distributed@fbac349,
+    examples/training/llama/modeling_llama_nxd.py)."""
+    n, out = p.name, []
+    if p.cp > 1 and p.flash_attention:  # L288-291: ring attention (CP > 1) with flash attention is a ValueError
+        out.append(f"{n('cp')}={p.cp} with flash attention ({n('flash_attention')} is 1 unless given): NxD's "
+                   f"attention raises \"Context parallelism is not supported with flash attention\": add "
+                   f"{n('flash_attention')} 0, or set {n('cp')} to 1")
+    # L300-311 build GQAQKVColumnParallelLinear(fuse_qkv=...) under --qkv_linear; forward (L404-410) then takes the
+    # fused branch when fuse_qkv and heads == KV heads and kv_replicator == 1, and calls .split on the tuple that
+    # module returns: the first forward fails
+    if p.fused_qkv_linear and p.heads == p.kv_heads and p.kv_replicator == 1:
+        out.append(f"--qkv_linear with {n('fuse_qkv')} 1 (NxD's default) on a model with as many KV heads as heads "
+                   f"({n('kv_heads')}={p.kv_heads}) and {n('kv_replicator')} 1: NxD's attention calls .split on "
+                   f"the tuple its QKV module returns and fails on its first forward: add {n('fuse_qkv')} 0, or "
+                   f"drop --qkv_linear")
     return out
 
 
@@ -116,8 +147,13 @@ def check(p: TrainPlan, where: str) -> None:
 
 # --- NeuronX Distributed's Llama scripts --------------------------------------------------------------------
 NXD_NAMES = {"heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "tp": "--tensor_parallel_size",
-             "kv_replicator": "--kv_replicator", "seq_len": "--seq_len",
-             "micro_batch": "--batch_size", "grad_accum": "--grad_accum_usteps", "global_batch": "global batch"}
+             "cp": "--context_parallel_size", "kv_replicator": "--kv_replicator", "seq_len": "--seq_len",
+             "micro_batch": "--batch_size", "grad_accum": "--grad_accum_usteps", "global_batch": "global batch",
+             "flash_attention": "--use_flash_attention", "fuse_qkv": "--fuse_qkv"}
+# The defaults of the flags a plan reads: tp_zero1_llama_hf_pretrain.py's argparse (@fbac349, L528-673)
+NXD_DEFAULTS = {"tensor_parallel_size": 2, "context_parallel_size": 1, "seq_len": 2048, "batch_size": 8,
+                "grad_accum_usteps": 64, "kv_replicator": 1, "qkv_linear": False, "use_flash_attention": 1,
+                "fuse_qkv": 1}
 
 
 def _flag(args: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -140,15 +176,23 @@ def nxd_llama_plan(args: Mapping[str, Any], model_config: Mapping[str, Any] | st
                               f"examples/training/llama (tp_zero1_llama_hf_pretrain/7B_config_llama2/) next to "
                               f"the flow") from None
     heads = int(model_config["num_attention_heads"])
+
+    def flag(name: str) -> Any:
+        return _flag(args, name, NXD_DEFAULTS[name])
+
+    qkv_linear = bool(flag("qkv_linear"))
     return TrainPlan(
         heads=heads, kv_heads=int(model_config.get("num_key_value_heads") or heads),
-        tp=int(_flag(args, "tensor_parallel_size", 8)), nodes=nodes, nproc_per_node=nproc_per_node,
+        tp=int(flag("tensor_parallel_size")), cp=int(flag("context_parallel_size")), nodes=nodes,
+        nproc_per_node=nproc_per_node,
         # no max_positions: the script raises config.max_position_embeddings to --seq_len itself (its 7B config
         # says 2048 and the 7B script trains at 4096)
-        seq_len=int(_flag(args, "seq_len", 2048)),
-        micro_batch=int(_flag(args, "batch_size", 8)), grad_accum=int(_flag(args, "grad_accum_usteps", 64)),
-        global_batch=global_batch, kv_replicator=int(_flag(args, "kv_replicator", 1)),
-        replicator_needs_qkv_linear=not _flag(args, "qkv_linear"), names=NXD_NAMES)
+        seq_len=int(flag("seq_len")), micro_batch=int(flag("batch_size")),
+        grad_accum=int(flag("grad_accum_usteps")), global_batch=global_batch,
+        kv_replicator=int(flag("kv_replicator")), replicator_needs_qkv_linear=not qkv_linear,
+        # the script reads both as `args.X > 0` (L141, L143)
+        flash_attention=int(flag("use_flash_attention")) > 0,
+        fused_qkv_linear=qkv_linear and int(flag("fuse_qkv")) > 0, names=NXD_NAMES)
 
 
 # --- stoker.train ----------------------------------------------------------------------------------------------
