@@ -7,7 +7,12 @@ hands the command that path:
 - the objects move through the store's object layer (`stoker.store.objects`): parallel files, each large one in
   parallel ranges, `$STOKER_S3_*` honoured;
 - every file is verified against the sha256 the prefix's `manifest.json` records (stoker's datasets in either
-  format write one); a prefix without one is checked by size only, and the report says so;
+  format write one); a file the manifest records but the prefix lacks is refused, by name; a file the prefix holds
+  but the manifest does not record is checked by size only, and the report counts it ("3 of 4 files verified");
+  a prefix without a manifest is checked by size only, and the report says so;
+- what no retry can mend is refused as :class:`UnusableDataset`, a permanent error (never retried by `@retry`: a
+  new attempt on Batch is a new boot and image pull for the same answer): an empty prefix, a recorded file missing,
+  a file that fails its sha256 again when downloaded a second time;
 - the copy is cached on the node under `$STOKER_STAGE_DIR` (default `/var/tmp/stoker-stage`, a host folder the
   Batch job definition mounts, so a retry on the same instance reuses it), keyed by the URL and what the listing
   says of every object (size and ETag): a changed object is a new copy. A folder appears whole or not at all
@@ -26,12 +31,20 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from stoker._hashing import SHA256, key_algo
 from stoker.errors import ConfigError, DataError
 from stoker.store.objects import ObjectInfo, ObjectStore, open_objects
 
 DEFAULT_STAGE_DIR = "/var/tmp/stoker-stage"
 MANIFEST = "manifest.json"
 DONE = ".stoker-staged.json"  # written last in a staged folder: what it holds and where from
+
+
+class UnusableDataset(DataError):
+    """The prefix cannot be staged as it is, and staging it again cannot help (empty, a recorded file missing, a
+    file that fails its sha256 twice): permanent, so the scheduler does not retry it (stoker.exitstatus)."""
+
+    permanent = True
 
 
 def stage_root(env: dict[str, str] | os._Environ | None = None) -> Path:
@@ -54,7 +67,9 @@ class Staged:
     bytes: int
     seconds: float
     cached: bool
-    verified: bool
+    verified: bool  # every file but manifest.json checked against a recorded sha256
+    checked: int = 0  # how many files were checked against a recorded sha256
+    unrecorded: tuple[str, ...] = ()  # files (but manifest.json) the manifest does not record: sizes only
 
     def summary(self) -> str:
         mb = self.bytes / 1e6
@@ -63,8 +78,19 @@ class Staged:
         else:
             rate = f", {mb / self.seconds:,.0f} MB/s" if self.seconds > 0 else ""
             how = f"{self.files} files, {mb:,.1f} MB in {self.seconds:.1f} s{rate}"
-        check = "verified (sha256)" if self.verified else "NOT verified: no manifest.json with checksums, sizes only"
-        return f"stage: {self.url} -> {self.path}: {how}, {check}"
+        return f"stage: {self.url} -> {self.path}: {how}, {self._check()}"
+
+    def _check(self) -> str:
+        if not self.checked and not self.unrecorded:  # a local path, used where it is
+            return "a path on this node, used where it is" if self.verified else "NOT verified"
+        if not self.checked:
+            return "NOT verified: no manifest.json with checksums, sizes only"
+        if not self.unrecorded:
+            return f"all {self.checked} files verified (sha256)"
+        names = ", ".join(self.unrecorded[:3]) + (f" and {len(self.unrecorded) - 3} more"
+                                                  if len(self.unrecorded) > 3 else "")
+        return (f"{self.checked} of {self.checked + len(self.unrecorded)} files verified (sha256); not in "
+                f"manifest.json, sizes only: {names}")
 
 
 def _recorded(store: ObjectStore, listing: list[ObjectInfo], url: str) -> dict[str, str]:
@@ -114,15 +140,17 @@ def stage(url: str, *, root: str | os.PathLike | None = None, store: ObjectStore
     store = store or open_objects(url.rstrip("/"), error=DataError)
     listing = [o for o in store.list("") if not o.key.endswith("/")]
     if not listing:
-        raise DataError(f"stage: {url} holds no objects; check the URL, or write the dataset there first "
-                        f"(stoker data prepare ... --output {url})")
+        raise UnusableDataset(f"stage: {url} holds no objects; check the URL, or write the dataset there first "
+                              f"(stoker data prepare ... --output {url})")
     sums = _recorded(store, listing, url.rstrip("/"))
+    _refuse_missing(url, sums, listing)
+    unrecorded = tuple(o.key for o in listing if o.key != MANIFEST and o.key not in sums) if sums else ()
     total = sum(o.size for o in listing)
     base = Path(root) if root is not None else stage_root()
     dest = base / f"{_name_of(url)}-{_cache_key(url, listing)}"
+    checks = {"verified": bool(sums) and not unrecorded, "checked": len(sums), "unrecorded": unrecorded}
     if (dest / DONE).is_file():
-        return Staged(url, str(dest), len(listing), total, time.monotonic() - started, cached=True,
-                      verified=bool(sums))
+        return Staged(url, str(dest), len(listing), total, time.monotonic() - started, cached=True, **checks)
     base.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(base).free
     if free < total:
@@ -135,16 +163,17 @@ def stage(url: str, *, root: str | os.PathLike | None = None, store: ObjectStore
         for o in listing:
             local = tmp / o.key
             if not local.resolve().is_relative_to(tmp.resolve()):
-                raise DataError(f"stage: {url} has an object named {o.key!r}, which leads out of its folder")
+                raise UnusableDataset(f"stage: {url} has an object named {o.key!r}, which leads out of its folder")
             local.parent.mkdir(parents=True, exist_ok=True)
             wanted.append((o.key, local, sums.get(o.key)))
-        store.get_many(wanted)
+        _download(store, url, wanted)
         for o in listing:  # without a recorded sha256, at least the size the listing promised
             got = (tmp / o.key).stat().st_size
             if got != o.size:
                 raise store.wrong_size(o.key, got, o.size)
         (tmp / DONE).write_text(json.dumps({"url": url, "files": len(listing), "bytes": total,
-                                            "verified": bool(sums)}))
+                                            "verified": checks["verified"], "checked": len(sums),
+                                            "unrecorded": list(unrecorded)}))
         try:
             os.rename(tmp, dest)
         except OSError:  # another process on this node finished the same copy first
@@ -154,5 +183,36 @@ def stage(url: str, *, root: str | os.PathLike | None = None, store: ObjectStore
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Staged(url, str(dest), len(listing), total, time.monotonic() - started, cached=False,
-                  verified=bool(sums))
+    return Staged(url, str(dest), len(listing), total, time.monotonic() - started, cached=False, **checks)
+
+
+def _refuse_missing(url: str, sums: dict[str, str], listing: list[ObjectInfo]) -> None:
+    """A file the manifest records but the prefix lacks: the dataset is incomplete, whatever stages."""
+    missing = sorted(set(sums) - {o.key for o in listing})
+    if missing:
+        names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise UnusableDataset(f"stage: {url} lacks {names}, which its {MANIFEST} records: the dataset is "
+                              f"incomplete; prepare it again (stoker data prepare ... --output {url})")
+
+
+def _download(store: ObjectStore, url: str, wanted: list[tuple[str, Path, str | None]]) -> None:
+    """Download (key, local path, sha256 or None) triples. A failed or damaged transfer is tried once more, one
+    file at a time; a file whose content fails its recorded sha256 a second time is damaged in storage: permanent."""
+    try:
+        store.get_many(wanted)
+        return
+    except DataError:
+        pass  # (get_file renames a file into place only once it is whole and verified: those stay)
+    for key, local, sha in wanted:
+        if local.is_file():
+            continue
+        if sha is None:
+            store.get_file(key, local)
+            continue
+        got = store.get_file(key, local, algo=key_algo(sha) or SHA256)
+        if got != sha:
+            local.unlink(missing_ok=True)
+            raise UnusableDataset(f"stage: {url}/{key} does not match the sha256 its {MANIFEST} records, downloaded "
+                                  f"twice (it hashes to {str(got)[:16]}..., the record says {sha[:16]}...): it is "
+                                  f"damaged or was overwritten in storage; prepare the dataset again "
+                                  f"(stoker data prepare ... --output {url})")
