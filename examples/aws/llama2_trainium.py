@@ -9,14 +9,15 @@ job), plus what the AWS Batch recipe and the Metaflow flow add: data on S3, chec
        tp_zero1_llama_hf_pretrain/logger.py, modeling_llama_nxd.py, training_utils.py   the modules it imports
        tp_zero1_llama_hf_pretrain/7B_config_llama2/               the model config folder (--model_path)
        requirements.txt                                           its pins; `stoker image build` installs them
-2. The data, tokenized into 4096-token blocks as a Hugging Face dataset (the columns NxD reads), into the store's
-   prefix, which the job role may read:
-       stoker data prepare hf:wikicorpus:raw_en:train --tokenizer PATH/TO/llama2/tokenizer.model --block-size 4096 \\
-           --format hf --output "$STOKER_STORE/datasets/wikicorpus-llama2-4096"
-3. Infrastructure, image, then a smoke run before the full one (docs/aws.md, "First real run"):
+2. Infrastructure and image; the store is the bucket `infra apply` made (its `store_url` output):
        stoker infra apply --config examples/aws/infra.toml
        stoker image build examples/aws/llama2_trainium.py --push
        export STOKER_STORE=s3://my-stoker-bucket/stoker
+3. The data, tokenized into 4096-token blocks as a Hugging Face dataset (the columns NxD reads), into the store's
+   prefix, which the job role may read (`start` refuses to launch the gang until it is there):
+       stoker data prepare hf:wikicorpus:raw_en:train --tokenizer PATH/TO/llama2/tokenizer.model --block-size 4096 \\
+           --format hf --output "$STOKER_STORE/datasets/wikicorpus-llama2-4096"
+4. A smoke run before the full one (docs/aws.md, "First real run"):
        python examples/aws/llama2_trainium.py run --dry-run          # the job definition and SubmitJob request
        python examples/aws/llama2_trainium.py run --smoke            # 2 nodes, 20 steps, a checkpoint: minutes
        python examples/aws/llama2_trainium.py run                    # 4 nodes x 32 NeuronCores, TP=8 + ZeRO-1
@@ -24,8 +25,8 @@ job), plus what the AWS Batch recipe and the Metaflow flow add: data on S3, chec
 What stoker does on each node before the script starts: stages --data_dir from S3 to local disk (verified, cached
 across retries), sets the collectives' interface (CCOM_SOCKET_IFNAME=eth0 on Batch) and NEURON_CC_FLAGS, raises the
 open-files limit, fetches the Neuron compile cache, and runs the preflight (devices, EFA, the script's imports, the
-data, disk, an all_reduce). Impossible settings (heads vs TP, batch vs DP) are refused in `start`, before anything
-is submitted. Hyperparameters are parameters: changing one never rebuilds the image.
+data, disk, an all_reduce). Impossible settings (heads vs TP, batch vs DP) and a dataset that is not there are
+refused in `start`, before anything is submitted. Hyperparameters are parameters: changing one never rebuilds the image.
 """
 
 import json
@@ -38,6 +39,20 @@ from stoker.train.plan import check, nxd_llama_plan
 HERE = os.path.dirname(os.path.abspath(__file__))
 NXD_FILES = ("logger.py", "modeling_llama_nxd.py", "training_utils.py")  # the script's local imports
 CORES_PER_NODE = 32  # a trn1.32xlarge: 16 Trainium chips x 2 NeuronCores
+
+
+def check_dataset(url: str) -> None:
+    """The dataset must be there before the gang starts: otherwise each paid node finds out (and @retry twice)."""
+    if "://" in url and not url.startswith("file://"):
+        from stoker.store.objects import open_objects
+
+        there = bool(open_objects(url.rstrip("/"), error=ConfigError).list(""))
+    else:
+        there = os.path.exists(url.removeprefix("file://"))
+    if not there:
+        raise ConfigError(f"the dataset {url} does not exist (nothing is stored under it): make it with `stoker data "
+                          f"prepare hf:wikicorpus:raw_en:train --tokenizer PATH/TO/llama2/tokenizer.model "
+                          f"--block-size 4096 --format hf --output {url}`, or pass --data")
 
 
 class Llama2Trainium(FlowSpec):
@@ -91,6 +106,7 @@ class Llama2Trainium(FlowSpec):
                               f"{CORES_PER_NODE} processes per node")
         check(nxd_llama_plan(self.nxd_args(self.nodes, nproc), json.load(open(config)), nodes=self.nodes,
                              nproc_per_node=nproc, global_batch=self.global_batch), "Llama2Trainium")
+        check_dataset(self.dataset)
         self.next(self.train, num_parallel=self.nodes)
 
     @retry(times=2, minutes_between_retries=0)  # a retry is a new gang that resumes from the last checkpoint
