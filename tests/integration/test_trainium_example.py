@@ -102,6 +102,18 @@ def test_impossible_head_arithmetic_is_refused_before_submitting(aws, example, t
     assert not (tmp_path / "emulator" / "jobs").exists(), "nothing may be submitted"
 
 
+def test_a_missing_dataset_is_refused_before_submitting(aws, example, tmp_path):
+    """Issue 34 item 10: a dataset prefix that holds nothing is found in `start`, not on two paid nodes (twice)."""
+    folder, env = example
+    missing = "s3://stoker-bucket/stoker/datasets/not-prepared"
+    p = run_flow(folder / "llama2_trainium.py", "run", *SMALL, "--data", missing, cwd=folder, env=env, timeout=300,
+                 check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and f"the dataset {missing} does not exist" in out, out[-3000:]
+    assert "stoker data prepare hf:wikicorpus:raw_en:train" in out and "Traceback" not in out, out[-3000:]
+    assert not (tmp_path / "emulator" / "jobs").exists(), "nothing may be submitted"
+
+
 @pytest.mark.parametrize("fault, words", [
     ({"BATCH_EMULATOR_FAULTS": json.dumps({"1": {"missing_device": "/dev/neuron7"}})},
      "preflight failed on node 1 ("),
