@@ -180,7 +180,7 @@ def load_config(args) -> tuple[list[str], dict | None]:
 
 def head_arithmetic(cfg: dict, tp: int, kv_replicator: int, qkv_linear: bool, hidden_size: int = -1,
                     cp: int = 1, use_flash_attention: int = 1, seq_len: int | None = None,
-                    sequence_parallel: bool = False) -> tuple[list[str], dict]:
+                    sequence_parallel: bool = False, fuse_qkv: int = 1) -> tuple[list[str], dict]:
     """What LlamaAttention.__init__/forward accept (modeling_llama_nxd.py L251-365, L438-447 @fbac349):
 
       head_dim            = hidden_size // num_attention_heads;  head_dim * heads == hidden_size (L294)
@@ -194,6 +194,9 @@ def head_arithmetic(cfg: dict, tp: int, kv_replicator: int, qkv_linear: bool, hi
                   kv_heads*kv_replicator/tp: kv_replicator must be 1
       context parallel with flash attention is a ValueError (L288-291); sequence parallel splits the
                   sequence over the tp ranks (mappings._split_along_first_dim -> divide).
+      qkv_linear with fuse_qkv (the script's default 1, L667, set as config.fuse_qkv = args.fuse_qkv > 0, L143):
+                  when heads == kv heads and kv_replicator == 1 forward takes the fused branch (L404-410) and
+                  calls .split on the tuple GQAQKVColumnParallelLinear returns: the first forward fails.
     """
     problems = []
     heads = int(cfg.get("num_attention_heads", 0))
@@ -230,6 +233,9 @@ def head_arithmetic(cfg: dict, tp: int, kv_replicator: int, qkv_linear: bool, hi
                             f"{heads}/{kv} and make kv heads per rank >= 1)")
     if cp > 1 and use_flash_attention:
         problems.append("context_parallel_size > 1 needs --use_flash_attention 0 (ring attention only)")
+    if qkv_linear and fuse_qkv > 0 and heads == kv and kv_replicator == 1:
+        problems.append("AttributeError: 'tuple' object has no attribute 'split' (--qkv_linear with --fuse_qkv 1 "
+                        "and as many KV heads as heads: the fused branch of LlamaAttention.forward)")
     if sequence_parallel and seq_len is not None and seq_len % tp:
         problems.append(f"seq_len {seq_len} is not divisible by tensor_parallel_size {tp} (sequence parallel)")
     return problems, facts
@@ -404,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is not None:
         arith, _ = head_arithmetic(cfg, args.tensor_parallel_size, args.kv_replicator, args.qkv_linear,
                                    args.hidden_size, args.context_parallel_size, args.use_flash_attention,
-                                   args.seq_len, args.sequence_parallel_enabled)
+                                   args.seq_len, args.sequence_parallel_enabled, args.fuse_qkv)
         problems += arith
     dp = None
     if "WORLD_SIZE" in dist and args.tensor_parallel_size > 0 and args.context_parallel_size > 0:

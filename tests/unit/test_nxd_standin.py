@@ -149,7 +149,9 @@ def test_s3_checkpoints(aws, data_dir, tmp_path):
 def test_head_arithmetic():
     # Llama-2-7B at TP=8: the defaults fit (4 query, 4 kv heads per rank) ...
     assert head_arithmetic(LLAMA2_7B, 8, 1, False)[0] == []
-    assert head_arithmetic(LLAMA2_7B, 8, 1, True)[0] == []
+    assert head_arithmetic(LLAMA2_7B, 8, 1, True, fuse_qkv=0)[0] == []
+    # --qkv_linear at the default --fuse_qkv 1 on equal KV heads: .split on a tuple in forward (issue 34 item 1)
+    assert "no attribute 'split'" in head_arithmetic(LLAMA2_7B, 8, 1, True)[0][0]
     # ... kv_replicator=4 does not (16 kv heads per rank for 4 query heads), with or without qkv_linear
     assert head_arithmetic(LLAMA2_7B, 8, 4, True)[0]
     assert head_arithmetic(LLAMA2_7B, 8, 4, False)[0]

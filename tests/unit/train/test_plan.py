@@ -149,3 +149,29 @@ def test_context_parallelism_is_checked():
     assert problems(nxd_llama_plan(ok, LLAMA2_7B, nodes=4, nproc_per_node=32, global_batch=512)) == []
     found = problems(nxd_llama_plan(ok, LLAMA2_7B, nodes=4, nproc_per_node=32, global_batch=1024))
     assert any("set --grad_accum_usteps=128" in f for f in found), found
+
+
+def test_the_plan_agrees_with_the_standins_reading_of_nxd():
+    """Over a grid of heads, TP, KV replication, --qkv_linear, --fuse_qkv, CP and flash attention, the plan refuses
+    exactly what tests/nxd_standin's head_arithmetic (NxD's LlamaAttention rules, cited there line by line) does."""
+    import itertools
+    import sys
+    from pathlib import Path
+
+    standin = str(Path(__file__).resolve().parents[2] / "nxd_standin")
+    sys.path.insert(0, standin)
+    try:
+        from tp_zero1_llama_hf_pretrain import head_arithmetic
+    finally:
+        sys.path.remove(standin)
+    disagree = []
+    for model, tp, rep, qkv, fuse, cp, flash in itertools.product(
+            (LLAMA2_7B, {**LLAMA3_8B, "hidden_size": 4096}), (1, 2, 4, 8, 16, 32), (1, 2, 4, 8), (False, True),
+            (0, 1), (1, 2), (0, 1)):
+        args = {"tensor_parallel_size": tp, "kv_replicator": rep, "qkv_linear": qkv, "fuse_qkv": fuse,
+                "context_parallel_size": cp, "use_flash_attention": flash}
+        ours = problems(nxd_llama_plan(args, model, nodes=1, nproc_per_node=64))
+        theirs, _ = head_arithmetic(model, tp, rep, qkv, cp=cp, use_flash_attention=flash, fuse_qkv=fuse)
+        if bool(ours) != bool(theirs):
+            disagree.append((model["num_key_value_heads"], args, ours, theirs))
+    assert not disagree, disagree[:3]
