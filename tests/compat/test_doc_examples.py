@@ -214,24 +214,18 @@ def test_decorator_catches_a_failure(played, request):
                                                             for n, p in runs.items()}, True)
 
 
-_RETRY_WAIT = ("stoker's @retry waits minutes_between_retries (default 2 min) before a retry; Metaflow's local runtime "
-               "retries at once (docs/from-metaflow.md)")
-
-
 def _fell_back(runs: dict[str, Played]) -> dict[str, list]:
     """[the run ended before its time limit, the fallback ran]. (Metaflow 2.19.39 then fails the run: the fallback
     function calls no self.next, 'self.next() was called with .'; its exit status is not compared.)"""
     return {n: [p.exits[0] != 124, "step failed: executing a fallback" in p.output()] for n, p in runs.items()}
 
 
-@pytest.mark.xfail(strict=True, reason=_RETRY_WAIT)
 def test_fallback_with_retry(played, request):
     """advanced-custom-decorators: `run --with retry --with fallback.fallback:indicator=failed` runs the fallback
     on the retry."""
     compare(request, "the run ended within 40 s and ran the fallback", _fell_back(played["fallback"]), [True, True])
 
 
-@pytest.mark.xfail(strict=True, reason=_RETRY_WAIT)
 def test_flow_mutator_adds_retry_and_fallback(played, request):
     """mutators: `@robust_flow(fallback_indicator='failed')` adds @retry and @fallback to every step."""
     compare(request, "the run ended within 40 s and ran the fallback", _fell_back(played["robust_flow"]),

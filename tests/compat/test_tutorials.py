@@ -101,8 +101,6 @@ def test_show(played, request, command):
                                                                    for n, r in runs.items()}, list(steps))
 
 
-@pytest.mark.xfail(strict=True, reason="stoker's `show` prints the first line of each step's docstring and not the "
-                                       "flow's docstring (docs/from-metaflow.md)")
 def test_show_prints_whole_docstrings(played, request):
     """`show` prints the flow's docstring and each step's whole docstring."""
     runs = _runs(played, "02-statistics/stats.py show")

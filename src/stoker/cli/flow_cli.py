@@ -360,6 +360,8 @@ def print_graph(graph: FlowGraph) -> None:
 
     c = Console(highlight=False)
     c.print(Text(f"{graph.name}  ({graph.file})", style="bold"))
+    if graph.doc:  # as Metaflow's `show`: the flow's docstring, then each step's, whole
+        c.print(Text(f"\n{graph.doc}"))
     for node in graph:
         decos = " ".join(repr(d) for d in node.decorators)
         head = Text(f"\nStep {node.name}", style="bold cyan")
@@ -367,7 +369,7 @@ def print_graph(graph: FlowGraph) -> None:
             head.append(f"  {decos}", style="dim")
         c.print(head)
         if node.doc:
-            c.print(Text(f"    {node.doc.strip().splitlines()[0]}", style="italic"))
+            c.print(Text("\n".join(f"    {line}".rstrip() for line in node.doc.strip().splitlines()), style="italic"))
         if node.kind == "end":
             c.print("    => (end)")
         elif node.kind == "foreach":

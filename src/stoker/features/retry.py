@@ -1,6 +1,8 @@
 """`@retry(times=3, minutes_between_retries=2)`: a failed task runs again, up to `times` more attempts.
 
-The run counts the attempts (`retries`) and waits between them (`retry_delay_s`); a gang is retried as a whole.
+The run counts the attempts (`retries`); before a remote attempt (Slurm, Batch) it waits `retry_delay_s`, while a
+local one starts at once, as in Metaflow (whose local runtime ignores `minutes_between_retries`); a gang is
+retried as a whole.
 A preemption is retried without counting against `times`, and a permanent error is never retried
 (runtime/driver/failures.py).
 """

@@ -128,6 +128,7 @@ class FlowGraph:
         self._trees: dict[str, ast.Module | None] = {}
         self.edge_branch: dict[tuple[str, str], str] = {}  # (step, next step) -> branch of the innermost split
         self.file, self.lineno = _class_location(flow_cls)
+        self.doc = inspect.cleandoc(flow_cls.__doc__ or "")  # the flow's docstring (`show` prints it)
         for attr in dir(flow_cls):
             func = getattr(flow_cls, attr, None)
             if callable(func) and getattr(func, "is_step", False):

@@ -571,7 +571,8 @@ class Scheduler:
         fallback = "" if self.failed or never else \
             fallback_note(self.flow_cls, self.graph[first.step].kind, unit, first)
         if (first.attempt + 1 < first.max_attempts or fallback) and not self.failed and not never:
-            delay = 0 if note or fallback else attempt_delay_s(getattr(self.flow_cls, first.step))
+            at_once = note or fallback or not self._backend(first.step).remote  # Metaflow retries local at once
+            delay = 0 if at_once else attempt_delay_s(getattr(self.flow_cls, first.step))
             why = f"{self._why(first)}; {cause.label}"
             self.display.info(f"[{self._prefix(first)}] {note}" if note else
                               f"[{self._prefix(first)}] failed ({why}); {fallback}" if fallback else
