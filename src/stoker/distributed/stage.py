@@ -72,6 +72,8 @@ class Staged:
     unrecorded: tuple[str, ...] = ()  # files (but manifest.json) the manifest does not record: sizes only
 
     def summary(self) -> str:
+        if self.url == self.path or not is_store_url(self.url):
+            return f"stage: {self.path} is a path on this node: used where it is (not copied, not verified)"
         mb = self.bytes / 1e6
         if self.cached:
             how = f"cached on this node ({self.files} files, {mb:,.1f} MB)"
@@ -81,8 +83,6 @@ class Staged:
         return f"stage: {self.url} -> {self.path}: {how}, {self._check()}"
 
     def _check(self) -> str:
-        if not self.checked and not self.unrecorded:  # a local path, used where it is
-            return "a path on this node, used where it is" if self.verified else "NOT verified"
         if not self.checked:
             return "NOT verified: no manifest.json with checksums, sizes only"
         if not self.unrecorded:

@@ -77,6 +77,7 @@ def test_empty_prefix_and_missing_local_path(s3, tmp_path):
     local = tmp_path / "here"
     local.mkdir()
     assert stage(str(local)).path == str(local)
+    assert "used where it is (not copied, not verified)" in stage(f"file://{local}").summary()  # not "verified"
 
 
 def test_torchrun_command_gets_the_local_path(s3, tmp_path, monkeypatch):
