@@ -251,8 +251,6 @@ def test_config_in_a_decorator(played, request):
             check=lambda v: sorted(v[0]) == [False, True] and v[1] == {"timeout": 10})
 
 
-@pytest.mark.xfail(strict=True, reason="stoker ignores METAFLOW_FLOW_CONFIG_VALUE (use --config NAME FILE); "
-                                       "docs/from-metaflow.md")
 def test_config_value_from_the_environment(played, request):
     """basic-configuration: `METAFLOW_FLOW_CONFIG_VALUE='{"config": {"timeout": 3}}' python timeout_config.py run`."""
     runs = played["config_env"]
@@ -260,7 +258,6 @@ def test_config_value_from_the_environment(played, request):
             {n: "timing out after 3 seconds" in p.output() for n, p in runs.items()}, True)
 
 
-@pytest.mark.xfail(strict=True, reason="stoker refuses --config-value (use --config NAME FILE); docs/from-metaflow.md")
 def test_config_value_option(played, request):
     """basic-configuration: `python timeout_config.py --config-value config '{"timeout": 3}' run`."""
     runs = played["config_value"]

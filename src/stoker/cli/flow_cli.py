@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,7 +20,14 @@ from stoker.errors import ConfigError
 from stoker.flow.decorators import get_flow_decorator
 from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
-from stoker.flow.parameters import _MISSING, Config, IncludeFile, parameters_from_env, parse_override_value
+from stoker.flow.parameters import (
+    _MISSING,
+    Config,
+    ConfigText,
+    IncludeFile,
+    parameters_from_env,
+    parse_override_value,
+)
 
 COMPAT_FLAGS = ("--no-pylint", "--pylint")  # accepted for Metaflow scripts; stoker's check always runs
 COMPAT_OPTIONS = ("--datastore", "--metadata", "--environment", "--datastore-root", "--event-logger", "--monitor")
@@ -67,6 +76,9 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--config", nargs="+", action="append", default=[], metavar="[NAME] PATH",
                      help="a TOML/JSON file for the flow's Config (NAME when it has several)")
+    run.add_argument("--config-value", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="the flow's Config NAME given as its value (JSON, or the text its parser reads) in place "
+                     "of a file, as Metaflow's; default: $METAFLOW_FLOW_CONFIG_VALUE (a JSON object {NAME: VALUE})")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override one config value, e.g. --set train.lr=3e-4")
     for p in flow_cls._run_inputs().values():
@@ -102,17 +114,28 @@ def build_parser(flow_cls: type) -> argparse.ArgumentParser:
 COMMANDS = ("run", "resume", "check", "show", "logs", "dump", "tag", "_task")
 
 
+TOP_CONFIG = ("--config", "--config-value")  # Metaflow's top-level options; stoker's are `run`'s
+
+
 def _move_top_config(argv: list[str]) -> list[str]:
-    """Metaflow's `python flow.py --config NAME PATH run ...` -> `run --config NAME PATH ...`."""
-    if "--config" not in argv:
-        return argv
-    i = argv.index("--config")
+    """Metaflow's `python flow.py --config NAME PATH --config-value NAME VALUE run ...` -> `run --config NAME PATH
+    --config-value NAME VALUE ...` (`--config-value` takes two values; `--config` [NAME] PATH)."""
     cmd = next((j for j, a in enumerate(argv) if a in COMMANDS), None)
-    if cmd is None or cmd < i:
+    if cmd is None or not any(a in TOP_CONFIG for a in argv[:cmd]):
         return argv
-    vals = argv[i + 1:cmd]
-    rest = argv[:i] + argv[cmd:cmd + 1] + ["--config", *vals[:2]] + vals[2:] + argv[cmd + 1:]
-    return rest
+    before: list[str] = []
+    moved: list[str] = []
+    i = 0
+    while i < cmd:
+        if argv[i] in TOP_CONFIG:
+            n = 2 if argv[i] == "--config-value" else \
+                len(list(itertools.takewhile(lambda a: not a.startswith("--"), argv[i + 1:min(cmd, i + 3)])))
+            moved += argv[i:i + 1 + n]
+            i += 1 + n
+        else:
+            before.append(argv[i])
+            i += 1
+    return before + argv[cmd:cmd + 1] + moved + argv[cmd + 1:]
 
 
 def _split_compat(argv: list[str], keep: frozenset[str] = frozenset()) -> list[str]:
@@ -217,11 +240,36 @@ def _configs(raw: list[list[str]]) -> dict[str, str]:
     return out
 
 
-def _run_configs(flow_cls: type, raw: list[list[str]]) -> dict[str, str]:
-    """`--config [NAME] PATH` as {config name: path}, every file checked to exist before anything is created
-    (no store, no run record): a missing file is one message naming it and where it was looked for."""
-    configs = _configs(raw)
+def _env_configs(what: str) -> dict[str, str]:
+    """$STOKER_FLOW_<what> or $METAFLOW_FLOW_<what> (a JSON object {config name: path or value}, as Metaflow's
+    click reads it): {name: path or value text}."""
+    for var in (f"STOKER_FLOW_{what}", f"METAFLOW_FLOW_{what}"):
+        raw = os.environ.get(var)
+        if not raw:
+            continue
+        try:
+            loaded = json.loads(raw)
+        except json.JSONDecodeError as e:
+            loaded = e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"${var} must be a JSON object {{config name: {what.lower().replace('_', ' ')}}}, "
+                              f"e.g. '{{\"config\": {{\"lr\": 0.1}}}}'; got {raw[:80]!r}: fix it or unset it")
+        return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in loaded.items()}
+    return {}
+
+
+def _run_configs(flow_cls: type, raw: list[list[str]], raw_values: list[list[str]] = ()) -> dict[str, str]:
+    """`--config [NAME] PATH` and `--config-value NAME VALUE` (else, as in Metaflow, $METAFLOW_FLOW_CONFIG and
+    $METAFLOW_FLOW_CONFIG_VALUE) as {config name: path, or the value as a ConfigText}, every file checked to exist
+    before anything is created (no store, no run record): a missing file is one message naming it and where it was
+    looked for."""
     cfg_names = [p.name for p in flow_cls._run_inputs().values() if isinstance(p, Config)]
+    configs = _configs(raw) or (_env_configs("CONFIG") if cfg_names else {})
+    values = {name: ConfigText(v) for name, v in raw_values} or \
+        ({k: ConfigText(v) for k, v in _env_configs("CONFIG_VALUE").items()} if cfg_names else {})
+    if both := sorted(set(configs) & set(values)):
+        raise ConfigError(f"config {', '.join(both)}: given both a file (--config) and a value (--config-value); "
+                          "give one of them")
     if "__single__" in configs:
         if len(cfg_names) != 1:
             raise ConfigError("--config PATH needs the flow to have exactly one Config; use --config NAME PATH "
@@ -236,7 +284,7 @@ def _run_configs(flow_cls: type, raw: list[list[str]]) -> dict[str, str]:
         if not any(c.is_file() for c in where):
             raise ConfigError(f"--config {path}: no such file (looked for {' and '.join(map(str, where))}); "
                               "pass the path of an existing TOML or JSON file")
-    return configs
+    return {**configs, **values}
 
 
 def _overrides(raw: list[str]) -> dict[str, Any]:
@@ -297,7 +345,7 @@ def dispatch(flow_cls: type, args: argparse.Namespace) -> int:
         from stoker.cli.logs import client_command
 
         return client_command(flow_cls.__name__, args)
-    configs = _run_configs(flow_cls, list(args.config)) if args.command == "run" else {}
+    configs = _run_configs(flow_cls, list(args.config), list(args.config_value)) if args.command == "run" else {}
     with_specs = list(args.global_with) + list(args.with_)
     router = StepRouter(flow_cls, default=args.backend, flow_file=sys.argv[0])
     if args.dry_run:

@@ -272,6 +272,11 @@ def apply_overrides(data: dict, overrides: Mapping[str, Any], source: str = "--s
     return out
 
 
+class ConfigText(str):
+    """A Config's value given as its text (`--config-value NAME VALUE`, $METAFLOW_FLOW_CONFIG_VALUE), not a file's
+    path: parsed as the config's default text would be (JSON, or the config's parser), as Metaflow does."""
+
+
 class Config:
     """A configuration file (TOML or JSON) stored with the run: `Config("config", default="cfg.toml")`.
 
@@ -307,8 +312,11 @@ class Config:
                 base_dir: Path | None = None, ctx: ParameterContext | None = None) -> ConfigValue | None:
         """The run's value: the file given, else the default file, else the default value (each default may be a
         function of the context, which, as in Metaflow, has no `configs`); overrides applied."""
-        src = path or self._default_of("default", self.default, ctx)
-        default_value = None if src is not None else self._default_of("default_value", self.default_value, ctx)
+        if isinstance(path, ConfigText):  # the value itself, in place of the file or the defaults
+            src, default_value = None, str(path)
+        else:
+            src = path or self._default_of("default", self.default, ctx)
+            default_value = None if src is not None else self._default_of("default_value", self.default_value, ctx)
         if src is not None:
             p = Path(src)
             if not p.is_absolute() and base_dir is not None and not p.exists():
@@ -325,7 +333,8 @@ class Config:
             except ConfigError:
                 raise
             except Exception as e:  # noqa: BLE001 - the user's text
-                raise ConfigError(f"config {self.name!r}: its default value cannot be parsed: {e}") from None
+                what = "the value given" if isinstance(path, ConfigText) else "its default value"
+                raise ConfigError(f"config {self.name!r}: {what} cannot be parsed: {e}") from None
         elif default_value is not None:
             raise ConfigError(f"config {self.name!r}: default_value must be a dict or the config's text, got "
                               f"{type(default_value).__name__}")
