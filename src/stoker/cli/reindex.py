@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
-from stoker.errors import ConfigError
+from stoker.errors import ConfigError, StoreError
 
 
 def index_problem(path: Path) -> str | None:
@@ -63,11 +64,20 @@ def cmd_reindex(args: argparse.Namespace) -> int:
                 part.rename(f"{kept}{suffix}")
     runs = runs_in_store(store)
     manifests = 0
+    refused: list[str] = []
     with MetadataDB(path) as db:
         for flow, run_id in runs:
-            manifests += db.ingest_run_from_store(store, flow, run_id)
-    print(f"reindexed {len(runs)} run(s), {manifests} task attempt(s) from {store.url} into {path}"
+            try:  # read and verified whole before it is written: a refused run leaves nothing in the index
+                manifests += db.ingest_run_from_store(store, flow, run_id)
+            except StoreError as e:  # one run that fails verification costs only that run
+                refused.append(f"  {flow}/{run_id}: {e}")
+    print(f"reindexed {len(runs) - len(refused)} run(s), {manifests} task attempt(s) from {store.url} into {path}"
           + (f"; the {'damaged' if problem else 'former'} index is kept at {kept}" if kept else ""))
+    if refused:
+        print(f"error: {len(refused)} run(s) not indexed, their records failed verification (restore them from a "
+              f"backup, or delete runs/FLOW/RUN/ from the store to drop them):\n" + "\n".join(refused),
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -389,10 +389,14 @@ class MetadataDB:
 
     def ingest_run_from_store(self, store: Any, flow: str, run_id: str) -> int:
         """(Re)index a run from the blob store: its record (``run.json``, if written) and every
-        manifest; return the number of manifests."""
+        manifest; return the number of manifests. Everything is read and verified before anything is written: a run
+        with a record or manifest that fails verification (StoreError) leaves the index as it was."""
         from stoker.store.manifest import read_manifest, read_run_record
 
         record = read_run_record(store, flow, run_id)
+        names = list_manifests(store, flow, run_id)
+        manifests = [read_manifest(store, flow, run_id, *name.split("/")[3:5], int(name.split("/")[5]))
+                     for name in names]
         if record is not None and self.get_run(flow, run_id) is None:
             self.create_run(flow, run_id, user=record["user"], tags=record.get("tags", ()),
                             params=record["params"], config=record.get("config"),
@@ -400,10 +404,8 @@ class MetadataDB:
                             system_tags=record.get("system_tags", ()))  # e.g. @project's
         if record is not None and record.get("status", "running") != "running":
             self.set_run_status(flow, run_id, record["status"], finished_at=record.get("finished_at"))
-        names = list_manifests(store, flow, run_id)
-        for name in names:
-            step, task_id, attempt = name.split("/")[3:6]
-            self.ingest_manifest(read_manifest(store, flow, run_id, step, task_id, int(attempt)))
+        for manifest in manifests:
+            self.ingest_manifest(manifest)
         return len(names)
 
     @staticmethod
