@@ -150,9 +150,18 @@ def test_refused_before_submission_with_the_fix(tmp_path, slurm_cluster, monkeyp
     assert not squeue(), "nothing was submitted"
 
 
-def test_dry_run_prints_the_sbatch_scripts_and_submits_nothing(tmp_path, slurm_cluster):
-    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "slurm=allreduce", "--dry-run", cwd=tmp_path)
+def test_dry_run_prints_the_sbatch_scripts_and_submits_nothing(shared):
+    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "slurm=allreduce", "--dry-run", cwd=shared)
     assert "#SBATCH --nodes=2" in p.stdout and "srun" in p.stdout and "stoker.backends.slurm.node" in p.stdout
+    assert not squeue()
+
+
+def test_dry_run_refuses_what_the_run_would(tmp_path, slurm_cluster, monkeypatch):
+    """The checks the run makes before submitting run at --dry-run too: a store the nodes cannot see is refused."""
+    monkeypatch.delenv("STOKER_SHARED_PATHS", raising=False)
+    p = run_flow(EXAMPLES / "allreduce.py", "run", "--backend", "slurm=allreduce", "--dry-run", cwd=tmp_path,
+                 check=False)
+    assert p.returncode == 1 and "must be visible from the Slurm nodes" in p.stderr and "#SBATCH" not in p.stdout
     assert not squeue()
 
 

@@ -154,7 +154,9 @@ def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, U
 def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
             values: dict[str, Any] | None = None, config_paths: dict[str, str] | None = None,
             overrides: dict[str, Any] | None = None) -> str:
-    """What each step would submit (the sbatch scripts, the Batch payloads ...), without any I/O. `values`: the
+    """What each step would submit (the sbatch scripts, the Batch payloads ...), once every check the run makes
+    before submitting passed (`check_units`: the steps' plan_problem hooks, each backend's `check`, which may read
+    the engine, e.g. Batch's queue; nothing is submitted or stored). `values`: the
     parameters given on the command line, by name, as typed (a gang sized by a parameter is shown at that size).
     With `config_paths` / `overrides` (a `run`), every input is resolved and checked as the run would, configs
     bound into the decorators; without (a `resume`), only the given parameters are converted."""
@@ -172,7 +174,9 @@ def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
         converted = {attr: p.convert(given[p.name]) for attr, p in flow_cls._run_inputs().items()
                      if isinstance(p, Parameter) and p.name in given}  # as a run converts them
     parts = []
-    for backend, unit in plan_units(graph, flow_cls, router, store_url, converted):
+    planned = plan_units(graph, flow_cls, router, store_url, converted)
+    check_units(graph, flow_cls, planned)  # what the run would refuse, refused here too (as start_run does)
+    for backend, unit in planned:
         parts.append(f"# ---- step {unit.step}: {backend.name} ({unit.kind}, {unit.size} member(s)) ----\n"
                      + backend.materialize(unit).text)
     return "\n".join(parts)
