@@ -126,3 +126,15 @@ def test_run_state_keeps_the_index_word_when_the_store_cannot_tell(tmp_path):
     assert run_state(store, "F", "1", "failed").status == "failed"
     store.write("runs/F/2/run.json", b"{not json")
     assert run_state(store, "F", "2", "running").status == "running"  # unreadable record: the index's word
+
+
+def test_a_task_that_cannot_write_its_manifest_says_so_in_one_line(tiny_fs, tmp_path):
+    """The end step leaves no room at all: its manifest cannot be stored. The task's log has one line naming it and
+    the fix (issue 34 item 19), not stoker's own traceback."""
+    env = {"STOKER_HOME": str(tiny_fs / "home"), "DISK_FULL_FILLER": str(tiny_fs / "filler"), "DISK_FULL_KEEP": "0"}
+    p = run_flow(FLOW, "run", cwd=tmp_path, env=env, check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "its record (the manifest) could not be written to the store" in out, out
+    assert "No space left on device" in out and "free space" in out and "`resume` the run" in out, out
+    assert "Traceback" not in out, out

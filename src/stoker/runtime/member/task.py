@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError
+from stoker.errors import EXIT_PERMANENT, EXIT_PREEMPTED, StokerError, StoreError
 from stoker.exitstatus import exit_code_for
 from stoker.features.hooks import TaskHooks, hang_limit_s
 from stoker.flow.current import ParallelInfo, current, graph_info
@@ -109,12 +109,24 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     hooks.finished()  # never raises; also on failure
     sys.stdout.flush()
     sys.stderr.flush()
-    sealed = seal(store.url, store_manifest(store, manifest)[1])  # stored first: the store is the truth
+    try:
+        sealed = seal(store.url, store_manifest(store, manifest)[1])  # stored first: the store is the truth
+    except (OSError, StoreError) as e:  # e.g. a full disk: one line in the task's log, not stoker's traceback
+        print(_unrecorded(spec, store.url, e), file=sys.stderr, flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 1  # no manifest: the scheduler reports the attempt as failed without its record
     hand_over(sealed, ok=code == 0)  # a success: the scheduler may go on while this process exits
     shutil.rmtree(tmp, ignore_errors=True)  # current.tempdir lives as long as the task
     if term_cleanup:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
+
+
+def _unrecorded(spec: TaskSpec, url: str, e: BaseException) -> str:
+    """The one line of a task whose manifest could not be stored: what, why, and the fix."""
+    fix = "" if isinstance(e, StoreError) else "; free space in the store (or make it writable)"  # it names its own
+    return (f"error: task {spec.flow}/{spec.run_id}/{spec.step}/{spec.task_id} (attempt {spec.attempt}) ended, but "
+            f"its record (the manifest) could not be written to the store {url}: {e}{fix}; then `resume` the run")
 
 
 def _set_current(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore, graph: FlowGraph,
