@@ -35,6 +35,12 @@ def load_flow_class(path: str) -> type:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"flow file {path}: no such file (give the file you run with `python FILE run`)")
+    try:  # a file that is not Python at all (a binary, a config) is named, not a compiler's traceback
+        compile(file.read_bytes(), str(file), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+        what = f"{e.msg} (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else str(getattr(e, "msg", e))
+        raise ConfigError(f"flow file {path} is not a Python source file that compiles: {what}; give the flow's .py "
+                          f"file (the one you run with `python FILE run`)") from None
     argv, sys_path = sys.argv, list(sys.path)
 
     def capture(cls: type) -> Any:

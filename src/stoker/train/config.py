@@ -204,9 +204,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not p.is_file():
             raise ConfigError(f"config file {p} not found; pass --config with an existing TOML file")
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: invalid TOML: {e}") from None
+        except UnicodeDecodeError as e:  # a binary file (a checkpoint, an archive) given as the config
+            raise ConfigError(f"config file {p} is not text (byte {e.start} is not UTF-8), so not a TOML file: pass "
+                              f"--config with the training's TOML file") from None
+        except OSError as e:
+            raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}; pass --config with a readable "
+                              f"TOML file") from None
         source = str(p)
         from stoker.train import torchtitan
 

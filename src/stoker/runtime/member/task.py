@@ -339,8 +339,13 @@ def main_from_cli(flow_cls: type[FlowSpec], spec_path: str, with_specs: list[str
     """`python flow.py _task SPEC.json`: the subprocess form of the entrypoint (Slurm, Batch, spawn)."""
     from stoker.flow.decorators import apply_with
 
-    with open(spec_path) as f:
-        spec = TaskSpec.from_json(f.read())
+    try:
+        with open(spec_path, encoding="utf-8") as f:
+            spec = TaskSpec.from_json(f.read())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # JSON, UTF-8: ValueErrors
+        sys.exit(f"error: _task {spec_path}: not a task spec the scheduler wrote ({type(e).__name__}: "
+                 f"{str(e)[:200]}); `_task` is stoker's internal command: run the flow with "
+                 f"`python {os.path.basename(sys.argv[0]) or 'flow.py'} run`")
     apply_with(flow_cls, spec.with_decorators)
     bind_task_configs(flow_cls, spec)  # config values in decorators and the mutators, as in the run
     return run_task(flow_cls, spec)
