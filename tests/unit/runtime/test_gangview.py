@@ -29,12 +29,15 @@ def test_node_states_from_tasks_and_member_statuses():
 
 def test_only_changes_at_most_once_a_second_and_always_the_end():
     view = GangView()
-    assert view.line("j", "r/train", ["queued", "queued"], now=0.0) == "[r/train] gang 2 nodes: 0 queued, 1 queued"
+    assert view.line("j", "r/train", ["queued", "queued"], now=0.0) == \
+        "[r/train] gang of 2 nodes: node 0 queued, node 1 queued"
     assert view.line("j", "r/train", ["queued", "queued"], now=5.0) is None  # unchanged
     assert view.line("j", "r/train", ["running", "queued"], now=5.0) is not None
     assert view.line("j", "r/train", ["running", "running"], now=5.5) is None  # under a second after the last
-    assert view.line("j", "r/train", ["running", "running"], now=6.1) == "[r/train] gang 2 nodes: 0 running, 1 running"
-    assert view.line("j", "r/train", ["done", "failed"], now=6.2) == "[r/train] gang 2 nodes: 0 done, 1 failed"
+    assert view.line("j", "r/train", ["running", "running"], now=6.1) == \
+        "[r/train] gang of 2 nodes: node 0 running, node 1 running"
+    assert view.line("j", "r/train", ["done", "failed"], now=6.2) == \
+        "[r/train] gang of 2 nodes: node 0 done, node 1 failed"
     assert view.shown == {}  # an ended gang is forgotten
 
 
@@ -44,7 +47,7 @@ def test_quiet_display_prints_no_gang_lines(capsys):
     buf = io.StringIO()
     loud = Display("f/1", console=Console(file=buf, width=200))
     loud.gang("j", "1/train", ["running", "queued (Priority)"], now=0.0)
-    assert "gang 2 nodes: 0 running, 1 queued (Priority)" in buf.getvalue()
+    assert "gang of 2 nodes: node 0 running, node 1 queued (Priority)" in buf.getvalue()
     quiet_buf = io.StringIO()
     quiet = Display("f/1", quiet=True, console=Console(file=quiet_buf, width=200))
     quiet.gang("j", "1/train", ["running", "running"], now=0.0)
@@ -54,10 +57,10 @@ def test_quiet_display_prints_no_gang_lines(capsys):
 def test_local_gang_run_shows_each_node_state(tmp_path):
     """A real 2-node gang on the local backend; node 1 works 3.5 s longer than node 0."""
     p = run_flow("gang_progress_flow.py", "run", cwd=tmp_path)
-    lines = [ln for ln in p.stdout.splitlines() if re.search(r"/work\] gang 2 nodes:", ln)]
-    assert any(ln.endswith("gang 2 nodes: 0 running, 1 running") for ln in lines), p.stdout
-    assert any(ln.endswith("gang 2 nodes: 0 done, 1 running") for ln in lines), p.stdout
-    assert lines[-1].endswith("gang 2 nodes: 0 done, 1 done"), p.stdout
+    lines = [ln for ln in p.stdout.splitlines() if re.search(r"/work\] gang of 2 nodes:", ln)]
+    assert any(ln.endswith("gang of 2 nodes: node 0 running, node 1 running") for ln in lines), p.stdout
+    assert any(ln.endswith("gang of 2 nodes: node 0 done, node 1 running") for ln in lines), p.stdout
+    assert lines[-1].endswith("gang of 2 nodes: node 0 done, node 1 done"), p.stdout
     assert len(lines) <= 4  # only changes, not every poll
 
 

@@ -297,7 +297,7 @@ def test_the_gang_line_shows_the_lost_node():
     tasks[1].manifest = {"exception": {"type": "NodeLost", "message": "node 1 (host n2) lost: no heartbeat for 6 s"}}
     states = node_states(tasks, ref, JobStatus(RUNNING))
     assert states == ["killed", "lost"]
-    assert GangView().line("j", "r/train", states) == "[r/train] gang 2 nodes: 0 killed, 1 lost"
+    assert GangView().line("j", "r/train", states) == "[r/train] gang of 2 nodes: node 0 killed, node 1 lost"
 
 
 def test_a_node_silent_after_every_other_one_ended_well_is_left_to_the_engine():

@@ -1,6 +1,6 @@
 """Each node's state of a gang (num_parallel) as one compact line, printed only when the states change:
 
-    [RUN/train] gang 4 nodes: 0 running, 1 running, 2 queued (Resources), 3 running
+    [RUN/train] gang of 4 nodes: node 0 running, node 1 running, node 2 queued (Resources), node 3 running
 
 At most one line a second per gang, but the last states of a gang (all nodes ended) always show.
 """
@@ -54,4 +54,4 @@ class GangView:
             return None
         if not ended:
             self.shown[key] = (list(states), now)
-        return f"[{label}] gang {len(states)} nodes: " + ", ".join(f"{i} {s}" for i, s in enumerate(states))
+        return f"[{label}] gang of {len(states)} nodes: " + ", ".join(f"node {i} {s}" for i, s in enumerate(states))
