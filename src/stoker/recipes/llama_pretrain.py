@@ -147,7 +147,10 @@ def pipeline_summary(flow: str, run_id: str, m: Mapping[str, Any], e: Mapping[st
     loss = f"{m['final_loss']:.4f}" if m.get("final_loss") is not None else "-"
     return "\n".join([
         f"{flow} {run_id}: {m['step']} steps, {m['tokens']:,} tokens on {m['world_size']} ranks "
-        f"(TP={m['tp']} x DP={m['dp']}), {m['tokens_per_s']:,.0f} tokens/s, training {seconds:.1f} s",
+        f"(TP={m['tp']} x DP={m['dp']}), {m['tokens_per_s']:,.0f} tokens/s, "
+        # the training time stoker.train printed (rank 0's), then the train step's, its start-up included
+        + (f"training {m['seconds']:.1f} s (train step {seconds:.1f} s with its start-up)"
+           if m.get("seconds") is not None else f"train step {seconds:.1f} s"),
         f"  final train loss {loss}, validation loss {e['val_loss']:.4f} (perplexity {e['val_perplexity']:.1f})",
         f"  checkpoint: {checkpoint}",
         f"  export (Hugging Face format): {export_dir}",
@@ -246,7 +249,8 @@ class LlamaPretrain(FlowSpec):
     def join(self, inputs):
         self.result = next(i.result for i in inputs if i.result)
         self.metrics = {k: self.result.get(k) for k in ("step", "final_loss", "tokens", "tokens_per_s",
-                                                         "resumed_from", "world_size", "dp", "tp", "num_params")}
+                                                         "resumed_from", "world_size", "dp", "tp", "num_params",
+                                                         "seconds")}
         self.checkpoint = self.result["checkpoint"]
         self.train_config = next(i.train_config for i in inputs if i.result)
         self.train_seconds = max(i.train_seconds for i in inputs)
