@@ -38,7 +38,7 @@ TOP_LEVEL = {"pylint": "pylint", "quiet": "quiet", "metadata": "metadata", "envi
              "datastore": "datastore", "datastore_root": "datastore-root", "event_logger": "event-logger",
              "monitor": "monitor", "decospecs": "with", "config": "config", "package_suffixes": "package-suffixes",
              "force_rebuild_environments": "force-rebuild-environments", "local_config_file": "local-config-file",
-             "mode": "mode", "warnings": "warnings"}
+             "mode": "mode", "warnings": "warnings", "config_value": "config-value"}
 COMMON = {"tags": "tag", "max_workers": "max-workers", "max_num_splits": "max-num-splits", "decospecs": "with",
           "run_id_file": "run-id-file", "quiet": "quiet", "backend": "backend"}
 RUN = {**COMMON, "config": "config", "set": "set"}
@@ -256,9 +256,8 @@ class Runner:
         """(options before the command, options stoker takes after it) from the top-level keyword arguments."""
         kw = dict(self.top_level_kwargs)
         after = ["--quiet"] if kw.pop("quiet", False) else []  # stoker's --quiet is an option of run/resume
-        if "config_value" in kw:
-            raise ConfigError("Runner(config_value=...) is not supported by stoker; write the values to a TOML or "
-                              "JSON file and pass config=[(NAME, PATH)]")
+        if kw.get("config_value"):  # [(NAME, a dict or its text)], as Metaflow's: `--config-value NAME JSON`
+            kw["config_value"] = [(name, v if isinstance(v, str) else json.dumps(v)) for name, v in kw["config_value"]]
         return _options(kw, TOP_LEVEL, {}), after
 
     def _command(self, command: str, kwargs: dict[str, Any], attribute_file: str) -> list[str]:

@@ -38,6 +38,8 @@ def test_keyword_arguments_become_options(flow_file: Path):
     assert _options({"step_to_rerun": "middle", "origin_run_id": "12"}, RESUME, {}) == \
         ["middle", "--origin-run-id", "12"]
     assert _options({"config": [("cfg", "a.toml")]}, TOP_LEVEL, {}) == ["--config", "cfg", "a.toml"]
+    valued = Runner(str(flow_file), show_output=False, config_value=[("cfg", {"lr": 0.1}), ("other", "{}")])
+    assert valued._top[0] == ["--config-value", "cfg", '{"lr": 0.1}', "--config-value", "other", "{}"]
     with pytest.raises(ValueError, match="Unknown argument: 'nope'"):
         _options({"nope": 1}, RUN, {})
     with pytest.raises(ValueError, match="'user_namespace' is a Metaflow option stoker does not support"):
