@@ -30,6 +30,7 @@ from stoker.flow import spec as _spec
 from stoker.flow.configs import config_expr
 from stoker.flow.current import current
 from stoker.flow.parameters import Config, IncludeFile, JSONType, Parameter
+from stoker.flow.presubmit import presubmit
 from stoker.flow.spec import FlowSpec, MergeArtifactsError
 from stoker.flow.user_decorators import (
     USER_SKIP_STEP,
@@ -70,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
            "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm",
-           "batch", "project", "secrets", "get_secret", "config_expr", "MergeArtifactsError",
+           "batch", "project", "secrets", "get_secret", "config_expr", "presubmit", "MergeArtifactsError",
            "UserStepDecorator", "user_step_decorator", "StepMutator", "FlowMutator", "USER_SKIP_STEP", "Runner",
            "NBRunner",
            *sorted(_CLIENT)]

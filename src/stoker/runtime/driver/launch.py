@@ -25,6 +25,7 @@ from stoker.flow.graph import FlowGraph
 from stoker.flow.lint import lint
 from stoker.flow.mutables import has_user_decorators
 from stoker.flow.parameters import _MISSING, Config, Parameter, ParameterContext, gang_size
+from stoker.flow.presubmit import run_presubmit_checks
 from stoker.redact import REDACTED, redact_with_spec
 from stoker.runtime.contract import Backend, InProcessBackend, Unit
 from stoker.runtime.driver.context import Router, RunContext, RunRequest
@@ -131,8 +132,12 @@ def plan_units(graph: FlowGraph, flow_cls: type, router: Router, store_url: str,
     return out
 
 
-def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, Unit]]) -> None:
-    """Fail before anything starts when a step asks for what its backend cannot give."""
+def check_units(graph: FlowGraph, flow_cls: type, planned: list[tuple[Backend, Unit]],
+                values: dict[str, Any] | None = None) -> None:
+    """Fail before anything starts when the flow's @presubmit checks refuse the run's inputs (`values`, by
+    attribute), or a step asks for what its backend cannot give."""
+    if values is not None:
+        run_presubmit_checks(flow_cls, values)
     for backend, unit in planned:
         for problem in plan_problems(getattr(flow_cls, unit.step), unit.resources, unit.options):
             raise ConfigError(f"{graph[unit.step].where()}: step {unit.step}: {problem}")
@@ -175,7 +180,8 @@ def dry_run(flow_cls: type, router: Router, with_specs: list[str] | None = None,
                      if isinstance(p, Parameter) and p.name in given}  # as a run converts them
     parts = []
     planned = plan_units(graph, flow_cls, router, store_url, converted)
-    check_units(graph, flow_cls, planned)  # what the run would refuse, refused here too (as start_run does)
+    # what the run would refuse, refused here too (as start_run does); a resume's inputs are the origin's
+    check_units(graph, flow_cls, planned, converted if config_paths is not None or overrides is not None else None)
     for backend, unit in planned:
         parts.append(f"# ---- step {unit.step}: {backend.name} ({unit.kind}, {unit.size} member(s)) ----\n"
                      + backend.materialize(unit).text)
@@ -245,7 +251,7 @@ def _set_up(flow_cls: type, router: Router, req: RunRequest) -> tuple[RunContext
     if req.max_workers < 1:
         raise ConfigError(f"max_workers={req.max_workers}: at least 1 task must be able to run at once")
     planned = plan_units(graph, flow_cls, router, store.url, values)
-    check_units(graph, flow_cls, planned)
+    check_units(graph, flow_cls, planned, values)
     # the code package, built before anything runs (a package that cannot be built fails now, not mid-run)
     package = stage_package(store, flow_file) if any(b.remote for b, _ in planned) else None
     run_id = req.run_id or new_run_id()
