@@ -25,14 +25,15 @@ job), plus what the AWS Batch recipe and the Metaflow flow add: data on S3, chec
 What stoker does on each node before the script starts: stages --data_dir from S3 to local disk (verified, cached
 across retries), sets the collectives' interface (CCOM_SOCKET_IFNAME=eth0 on Batch) and NEURON_CC_FLAGS, raises the
 open-files limit, fetches the Neuron compile cache, and runs the preflight (devices, EFA, the script's imports, the
-data, disk, an all_reduce). Impossible settings (heads vs TP, batch vs DP) and a dataset that is not there are
-refused in `start`, before anything is submitted. Hyperparameters are parameters: changing one never rebuilds the image.
+data, disk, an all_reduce). Impossible settings (heads vs TP, batch vs DP) are refused by `plan` (@presubmit: before
+the run is registered, and by `run --dry-run`), a dataset that is not there in `start`: before anything is submitted.
+Hyperparameters are parameters: changing one never rebuilds the image.
 """
 
 import json
 import os
 
-from stoker import FlowSpec, Parameter, batch, current, retry, step, torchrun
+from stoker import FlowSpec, Parameter, batch, current, presubmit, retry, step, torchrun
 from stoker.errors import ConfigError
 from stoker.train.plan import check, nxd_llama_plan
 
@@ -71,27 +72,25 @@ class Llama2Trainium(FlowSpec):
     precompile = Parameter("precompile", default=True, type=bool,
                            help="neuron_parallel_compile 2 steps first (the recipe's DO_PRE_COMPILATION)")
 
-    def nxd_args(self, nodes: int, nproc: int) -> dict:
+    def nxd_args(self, nodes: int, nproc: int, data_dir: str = "", checkpoint_dir: str = "") -> dict:
         """The 7B script's flags (tp_zero1_llama2_7B_hf_pretrain.sh), with checkpoints and resume added."""
         tp, micro_batch = 8, 1
         dp = max(1, nodes * nproc // tp)
         return {
-            "model_path": os.path.join(HERE, self.model_path), "data_dir": self.dataset, "tensor_parallel_size": tp,
+            "model_path": os.path.join(HERE, self.model_path), "data_dir": data_dir, "tensor_parallel_size": tp,
             "batch_size": micro_batch, "grad_accum_usteps": max(1, self.global_batch // (micro_batch * dp)),
             "max_steps": self.steps, "steps_this_run": -1, "warmup_steps": self.warmup, "lr": self.lr,
             "seq_len": 4096, "sequence_parallel_enabled": True, "selective_checkpoint_enabled": True,
             "logging_interval": 10, "use_mix_precision": True, "use_zero_1": True,
             # checkpoints go to the run's store (the recipe's CHECKPOINT_SAVE_URI; NxD writes s3:// itself), and a
             # retry of this step (a new gang) loads the newest committed one
-            "checkpoint_dir": f"{self.store}/checkpoints/{current.flow_name}/{current.run_id}",
+            "checkpoint_dir": checkpoint_dir,
             "checkpoint_freq": self.checkpoint_every, "num_kept_checkpoint": 3, "loading_step": "latest_if_exists",
         }
 
-    @step
-    def start(self):
-        """Refuse here, before anything is submitted, what cannot work on the nodes."""
-        self.store = os.environ.get("STOKER_STORE") or current.store_url
-        self.dataset = self.data or f"{self.store.rstrip('/')}/datasets/wikicorpus-llama2-4096"
+    @presubmit
+    def plan(self):
+        """Refused before the run is registered, and by `run --dry-run`: what cannot work on the nodes."""
         missing = [f for f in (self.script, *NXD_FILES) if not os.path.exists(os.path.join(HERE, f))]
         if missing:
             raise ConfigError(f"{', '.join(missing)} not next to {__file__}: copy them from neuronx-distributed "
@@ -106,6 +105,12 @@ class Llama2Trainium(FlowSpec):
                               f"{CORES_PER_NODE} processes per node")
         check(nxd_llama_plan(self.nxd_args(self.nodes, nproc), json.load(open(config)), nodes=self.nodes,
                              nproc_per_node=nproc, global_batch=self.global_batch), "Llama2Trainium")
+
+    @step
+    def start(self):
+        """The dataset must be in the store before anything is submitted (`plan` checked the rest)."""
+        self.store = os.environ.get("STOKER_STORE") or current.store_url
+        self.dataset = self.data or f"{self.store.rstrip('/')}/datasets/wikicorpus-llama2-4096"
         check_dataset(self.dataset)
         self.next(self.train, num_parallel=self.nodes)
 
@@ -115,7 +120,8 @@ class Llama2Trainium(FlowSpec):
     @step
     def train(self):
         nodes, nproc = current.parallel.num_nodes, self.nproc or CORES_PER_NODE  # a smoke run has fewer nodes
-        args = self.nxd_args(nodes, nproc)
+        args = self.nxd_args(nodes, nproc, data_dir=self.dataset,
+                             checkpoint_dir=f"{self.store}/checkpoints/{current.flow_name}/{current.run_id}")
         args.update(output_dir=os.path.join(current.tempdir, "output"),
                     metrics_file=os.path.join(current.tempdir, "results.json"))
         config = os.path.join(HERE, self.model_path, "config.json")

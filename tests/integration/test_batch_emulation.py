@@ -160,8 +160,17 @@ def test_dry_run_prints_the_batch_requests(batch_env):
         "devices"]) == 16 + 8
 
 
-def test_the_trainium_example_dry_runs_as_the_recipe(batch_env):
-    p = run_flow(EXAMPLES / "aws" / "llama2_trainium.py", "run", "--nodes", "4", "--dry-run", cwd=batch_env["CWD"],
+def test_the_trainium_example_dry_runs_as_the_recipe(batch_env, tmp_path):
+    """Laid out as its docstring says (its @presubmit plan, which --dry-run runs, needs NxD's files next to it)."""
+    import shutil
+
+    folder, standin = tmp_path / "flow", Path(__file__).parents[1] / "nxd_standin"
+    (folder / "7B_config_llama2").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "aws" / "llama2_trainium.py", folder)
+    for f in ("tp_zero1_llama_hf_pretrain.py", "logger.py", "modeling_llama_nxd.py", "training_utils.py"):
+        shutil.copy(standin / f, folder)
+    shutil.copy(standin / "config.json", folder / "7B_config_llama2" / "config.json")
+    p = run_flow(folder / "llama2_trainium.py", "run", "--nodes", "4", "--dry-run", cwd=batch_env["CWD"],
                  env=batch_env, timeout=120)
     reqs = _dry_run_doc(p.stdout, "# ---- step train: batch (gang, 4 member(s)) ----")
     c = reqs["RegisterJobDefinition"]["nodeProperties"]["nodeRangeProperties"][0]["container"]

@@ -102,6 +102,21 @@ def test_impossible_head_arithmetic_is_refused_before_submitting(aws, example, t
     assert not (tmp_path / "emulator" / "jobs").exists(), "nothing may be submitted"
 
 
+def test_a_dry_run_refuses_the_plan_the_run_would_refuse(aws, example, tmp_path):
+    """Issue 34 item 4: `run --nodes 3 --dry-run` (96 ranks: DP 12 does not divide the global batch of 1024) is
+    refused by the flow's @presubmit plan, as the run is, instead of printing a SubmitJob the run never sends."""
+    folder, env = example
+    for extra in (("--dry-run",), ()):
+        p = run_flow(folder / "llama2_trainium.py", "run", "--nodes", "3", *extra, cwd=folder, env=env, timeout=300,
+                     check=False)
+        out = p.stdout + p.stderr
+        assert p.returncode == 1 and "Llama2Trainium: this training cannot run as configured" in out, out[-3000:]
+        assert "SubmitJob" not in out and "Traceback" not in out and "started" not in p.stdout, out[-3000:]
+    assert not (tmp_path / "emulator" / "jobs").exists(), "nothing may be submitted"
+    p = run_flow(folder / "llama2_trainium.py", "run", "--nodes", "4", "--dry-run", cwd=folder, env=env, timeout=300)
+    assert "# ---- step train: batch (gang, 4 member(s)) ----" in p.stdout and "SubmitJob" in p.stdout
+
+
 def test_a_missing_dataset_is_refused_before_submitting(aws, example, tmp_path):
     """Issue 34 item 10: a dataset prefix that holds nothing is found in `start`, not on two paid nodes (twice)."""
     folder, env = example
