@@ -24,6 +24,8 @@ from stoker.features import (
     timeout,
     torchrun,
 )
+from stoker.features.exit_hook import exit_hook
+from stoker.features.metaflow_only import schedule, trigger, trigger_on_finish
 from stoker.features.project import project
 from stoker.features.secrets import get_secret, secrets
 from stoker.flow import spec as _spec
@@ -66,12 +68,17 @@ def __getattr__(name: str) -> Any:
         from stoker import client
 
         return getattr(client, name)
+    from stoker.features import metaflow_only
+
+    if name in metaflow_only.NAMES:  # Metaflow's names that stoker refuses, with the reason (not an ImportError)
+        return metaflow_only.metaflow_only(name)
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 
 __all__ = ["FlowSpec", "step", "Parameter", "Config", "IncludeFile", "JSONType", "current", "retry", "catch",
            "timeout", "resources", "environment", "parallel", "torchrun", "monitor", "neuron_monitor", "card", "slurm",
-           "batch", "project", "secrets", "get_secret", "config_expr", "presubmit", "MergeArtifactsError",
+           "batch", "project", "exit_hook", "schedule", "trigger", "trigger_on_finish",
+           "secrets", "get_secret", "config_expr", "presubmit", "MergeArtifactsError",
            "UserStepDecorator", "user_step_decorator", "StepMutator", "FlowMutator", "USER_SKIP_STEP", "Runner",
            "NBRunner",
            *sorted(_CLIENT)]

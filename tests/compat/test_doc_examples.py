@@ -136,6 +136,11 @@ EXAMPLES = {
                              for r, want in zip(runs, ["None", runs[0].id])],
                   "tagged": [tagged.id == Flow("HelloFlow").latest_run.id, "crazy_test" in tagged.user_tags]}
     """, helloworld=True),
+    # scaling/failures: @exit_hook after a run that succeeded and one that failed
+    "exit_hook": Example("exit_hook", (("exithookflow.py", "run"),
+                                       ("exithookflow.py", "run", "--should-fail", "True"))),
+    # production: decorators that act where a flow is deployed; `run` ignores them
+    "deploy": Example("deploy", (("hourlyflow.py", "run"), ("freshdataflow.py", "run"), ("secondflow.py", "run"))),
     # managing-flows: Runner
     "runner": Example("runner", (("run_status.py",), ("run_tags.py",)), """
         from metaflow import Flow
@@ -341,3 +346,21 @@ def test_runner(played, request):
             True)
     compare(request, "user tags of the runs", {n: p.result for n, p in runs.items()},
             [[], ["another_tag", "myrun"]])
+
+
+def test_exit_hooks(played, request):
+    """scaling/failures: @exit_hook runs `success_print` after a run that succeeded, and `failure_print(run)`
+    after one that failed, naming the failed task from the client's Run."""
+    runs = played["exit_hook"]
+    compare(request, "exit statuses", _exits(runs), [0, 1])
+    compare(request, "the success hook's line", _lines(runs, "Flow completed", 0), ["✅ Flow completed successfully!"])
+    failed = {n: [re.sub(r"/\d+", "/N", ln) for ln in lines] for n, lines in _lines(runs, "💥", 1).items()}
+    compare(request, "the error hook's line", failed, ["💥 Run ExitHookFlow/N failed. Failed tasks:"])
+    compare(request, "the failed task it names", {n: len(v) for n, v in _lines(runs, "→", 1).items()}, 1)
+
+
+def test_deploy_only_decorators_are_ignored_by_run(played, request):
+    """scheduling / event-triggering: @schedule, @trigger and @trigger_on_finish flows run with `run`."""
+    runs = played["deploy"]
+    compare(request, "exit statuses", _exits(runs), [0, 0, 0])
+    compare(request, "the trigger flow's line", _lines(runs, "processing fresh data", 1), ["processing fresh data!"])

@@ -181,7 +181,11 @@ class ParallelDecorator(StepDecorator):
 
 class FlowDecorator(StepDecorator):
     """Base of flow-level decorators (`@project`): applied to the FlowSpec class, kept in
-    `_stoker_flow_decorators` (a subclass inherits them). Their task-side hooks run in every task of the flow."""
+    `_stoker_flow_decorators` (a subclass inherits them). Their task-side hooks run in every task of the flow;
+    `run_finished` in the run's process once the run has ended."""
+
+    def run_finished(self, flow_file: str, pathspec: str, succeeded: bool) -> None:
+        """The run `pathspec` (FLOW/RUN_ID) of `flow_file` has ended and said how (`@exit_hook`)."""
 
     @classmethod
     def make(cls) -> Callable:
@@ -189,10 +193,12 @@ class FlowDecorator(StepDecorator):
             def attach(klass: type) -> type:
                 if not isinstance(klass, type):
                     raise ConfigError(f"@{cls.name} decorates a FlowSpec class, not {klass!r}")
-                if any(d.name == cls.name for d in klass.__dict__.get("_stoker_flow_decorators", ())):
+                if not cls.allow_multiple and any(d.name == cls.name
+                                                  for d in klass.__dict__.get("_stoker_flow_decorators", ())):
                     raise ConfigError(f"flow {klass.__name__} already has a decorator @{cls.name}: each flow "
                                       f"decorator can be given only once")
-                own = [d for d in getattr(klass, "_stoker_flow_decorators", ()) if d.name != cls.name]
+                own = [d for d in getattr(klass, "_stoker_flow_decorators", ())
+                       if d.name != cls.name or cls.allow_multiple]
                 klass._stoker_flow_decorators = (*own, cls(attributes))
                 return klass
 

@@ -225,6 +225,8 @@ def start_run(flow_cls: type, router: Router, request: RunRequest | None = None,
                 b.close()  # not close it
     _finish_record(ctx.store, ctx.db, record, result.status)
     _say_how_it_ended(display, ctx, result, time.time() - started, req.resume_options)
+    for deco in getattr(flow_cls, "_stoker_flow_decorators", ()):  # the run is over: its flow's hooks (@exit_hook)
+        deco.run_finished(ctx.flow_file, f"{ctx.flow}/{ctx.run_id}", result.status == "succeeded")
     return result
 
 
