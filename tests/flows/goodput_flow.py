@@ -36,7 +36,7 @@ def kill_mid_training(ckpt: Path, metrics: Path) -> None:
         if committed > 0 and logged_step(metrics) >= committed + 2:
             for p in psutil.Process().children(recursive=True):
                 cmd = " ".join(p.cmdline())
-                if "stoker.train" in cmd and "torch.distributed.run" not in cmd:
+                if p.name().startswith("stoker-rank") or ("stoker.train" in cmd and "torch.distributed.run" not in cmd):
                     print(f"goodput_flow: killing the trainer (pid {p.pid}) after step {logged_step(metrics)}, "
                           f"checkpoint {committed} committed", flush=True)
                     p.send_signal(signal.SIGKILL)

@@ -79,7 +79,8 @@ def _sigterm_torchrun_at(metrics: Path, step: int, sent: list) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_to_torchrun_checkpoints_exits_75_and_resumes_bitwise(tmp_path):
+def test_sigterm_to_torchrun_checkpoints_exits_75_and_resumes_bitwise(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOKER_WARM_RANKS", "0")  # torchrun, not ranks forked from a warm launcher (a local default)
     data = token_file(tmp_path / "tokens.bin")
     full = _train(tmp_path, _config(tmp_path, data, "full"), "full")
     cfg = _config(tmp_path, data, "preempted")
