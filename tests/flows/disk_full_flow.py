@@ -1,16 +1,17 @@
 """A run whose last step fills the file system of $DISK_FULL_FILLER (issue 27): the run ends, but the record of
-its end (a large run.json: its parameter) no longer fits."""
+its end (a large run.json: its config, which the record keeps whole) no longer fits."""
 
 import os
 
-from stoker import FlowSpec, Parameter, step
+from stoker import Config, FlowSpec, step
 
-# a large run record (its parameters): rewriting it at the end needs more room than the end step leaves
-BALLAST = "x" * 400_000
+# a large run record (its config values, kept whole; a long parameter is shown short): rewriting it at the end
+# needs more room than the end step leaves
+BALLAST = {"x": "x" * 400_000}
 
 
 class DiskFullFlow(FlowSpec):
-    ballast = Parameter("ballast", default=BALLAST)
+    ballast = Config("ballast", default_value=BALLAST)
 
     @step
     def start(self):
