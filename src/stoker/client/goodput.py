@@ -10,14 +10,16 @@ Sources, all in the run's folder of the store:
 
 A training step is a step whose tasks wrote a trainer ledger. Each of its tasks is a node; each node's time from
 its first submission to its last attempt's end is split into :data:`CATEGORIES`, which add up to it exactly
-(``other`` takes what no record explains: clocks of different hosts, a phase timed twice).
+(``other`` takes what no record explains; none is ever negative: where records overlap, clocks of different hosts or a
+phase timed twice, the overlap comes out of the queue and start-up first, :func:`_settle`).
 
 A gang with hot spares (``@torchrun(spares=k)``, stoker.client.gangs) keeps its attempt through a node loss: each
 new generation restarts the trainer of every node, so one attempt's ledger holds several trainers' snapshots. Its
 time is split per generation (:func:`_generations`): from each loss to the next generation's first training step
 is ``recovery`` (for every node: the survivors wait too), the steps a generation did past the checkpoint the next
 one resumed from and the time from its trainer's last snapshot to the loss are ``lost``; a slot a spare took counts
-from the gang's start (the lost member's time, then the spare's). :func:`run_goodput`
+from the gang's start (the lost member's time, then the spare's), and its queue is the gang's, never the time to the
+take-over. :func:`run_goodput`
 returns one JSON-able dict (docs/operations.md, "Where the time went: goodput", lists its keys).
 """
 
@@ -137,6 +139,18 @@ def _steps_split(snap: dict, status: str, kept_at: int | None, tail: float) -> t
     return productive, lost, tail, {**info, "kept": keep, "lost": max(0, last - keep)}
 
 
+def _before_start(st: float, job: dict | None, phases: dict[str, dict[str, float]]
+                  ) -> tuple[float, float, dict[str, float]]:
+    """(begin, queue, start-up before the task: the engine's environment and the node phases) of a task started at
+    ``st``: queued from the job's submission to the engine's start of it, then the node's agent set up."""
+    t_node = st - sum(phases["node"].values())  # when the node's agent started (a remote node's)
+    sub = _num((job or {}).get("submitted_at"))
+    begin = min(sub, t_node) if sub is not None else t_node
+    engine = _num(((job or {}).get("extra") or {}).get("started_at"))
+    engine = min(max(engine, begin), t_node) if engine is not None else t_node
+    return begin, engine - begin, {"environment": t_node - engine, **phases["node"]}
+
+
 def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None, snap: dict | None,
              kept_at: int | None, now: float) -> dict[str, Any] | None:
     """One attempt of one node: its span and its seconds by category (without the retry wait before it)."""
@@ -150,14 +164,9 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
     if st is None or fin is None:
         return None
     phases = _phases(m.get("timings"))
-    t_node = st - sum(phases["node"].values())  # when the node's agent started (a remote node's)
-    sub = _num((job or {}).get("submitted_at"))
-    begin = min(sub, t_node) if sub is not None else t_node
-    engine = _num(((job or {}).get("extra") or {}).get("started_at"))
-    engine = min(max(engine, begin), t_node) if engine is not None else t_node
-    startup: dict[str, float] = {"environment": t_node - engine, **phases["node"]}
+    begin, queue, startup = _before_start(st, job, phases)
     sec = dict.fromkeys(CATEGORIES, 0.0)
-    sec["queue"] = engine - begin
+    sec["queue"] = queue
     steps: dict[str, Any] = {}
     end_at = max(fin, st)
     if snap is not None:
@@ -186,7 +195,7 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
         sec["shutdown"] = min(sum(phases["end"].values()), end_at - st)
     _book_hang(sec, m)
     wall = end_at - begin
-    sec["other"] = wall - sum(v for k, v in sec.items() if k != "other")
+    overlap = _settle(sec, wall)
     snap = snap or {}
     return {"task_id": key[1], "attempt": key[2], "status": status, "begin": begin, "started_at": st, "end": end_at,
             "wall_s": wall, "seconds": sec, "startup": {k: v for k, v in startup.items() if v}, "steps": steps,
@@ -195,7 +204,29 @@ def _attempt(key: tuple[str, str, int], manifest: dict | None, job: dict | None,
             "checkpoint_policy": snap.get("checkpoint_policy") or None,
             "cause": (m.get("exception") or {}).get("cause") if status == "failed" else None,
             "instance_type": ((job or {}).get("extra") or {}).get("instance_type"),
-            "backend": (job or {}).get("backend") or "local", "measured": bool(snap)}
+            "backend": (job or {}).get("backend") or "local", "measured": bool(snap), "overlap_s": overlap}
+
+
+# a deficit (records that overlap: clocks of different hosts) is taken from these first; none of them changes goodput
+# but the unpaid waits, and taking those out of the unpaid time only lowers it
+_OVERLAP_FROM = ("queue", "retry_wait", "startup", "shutdown", "recovery", "hang", "straggler_idle", "eval",
+                 "checkpoint_save", "checkpoint_load", "lost", "productive")
+
+
+def _settle(sec: dict[str, float], wall: float) -> float:
+    """Book what no record explains as ``other`` so the categories add up to ``wall``, none negative (a negative
+    measure is clamped to 0): where the records overlap (they add up to more than ``wall``), the overlap is taken out
+    of the categories in :data:`_OVERLAP_FROM`'s order. Returns that overlap (seconds counted twice)."""
+    for k in sec:
+        sec[k] = max(0.0, sec[k])
+    other = wall - sum(v for k, v in sec.items() if k != "other")
+    overlap = max(0.0, -other)
+    need = overlap
+    for k in _OVERLAP_FROM:
+        take = min(need, sec[k])
+        sec[k], need = sec[k] - take, need - take
+    sec["other"] = other if other > 1e-9 else 0.0  # never -0.0 nor a rounding error's negative
+    return overlap
 
 
 def _book_hang(sec: dict[str, float], m: dict) -> None:
@@ -211,7 +242,7 @@ def _book_hang(sec: dict[str, float], m: dict) -> None:
 
 
 def _generations(row: dict[str, Any], manifest: dict, segs: list[dict], gang: dict, gang_start: float | None,
-                 kept_at: int | None) -> None:
+                 kept_at: int | None, job: dict | None = None) -> None:
     """Re-split one node's attempt of a gang that moved through generations (see the module docstring) in place:
     ``segs`` are its trainers' last snapshots, oldest first; the last one is what :func:`_attempt` accounted."""
     losses = sorted((float(g["lost"]["at"]), g["started_at"]) for g in gang["generations"][1:]
@@ -222,15 +253,15 @@ def _generations(row: dict[str, Any], manifest: dict, segs: list[dict], gang: di
         return
     t0 = gang_start if gang_start is not None and st > losses[0][0] else st  # a slot a spare took: the gang's start
     t0 = min(t0, st)
-    last = segs[-1]
     phases = _phases(manifest.get("timings"))
-    startup = dict(row["startup"])
-    in_task = (min(float(last["created_at"]), end) - st) + float(last["seconds"].get("init", 0.0))
-    sec["startup"] -= in_task  # what _attempt took from the last trainer: the environment and node phases stay
-    for k in ("imports", "launch", "trainer_init"):
-        startup.pop(k, None)
-    for k in ("checkpoint_load", "checkpoint_save", "eval", "productive", "straggler_idle", "lost", "shutdown"):
+    # what came before the task: for a slot a spare took, before the gang's start (the spare's task started later,
+    # it never queued then); the queue is only the gang's wait, never the lost member's or the spare's time
+    begin, sec["queue"], startup = _before_start(t0, job, phases)
+    startup.update(phases["start"])
+    for k in ("checkpoint_load", "checkpoint_save", "eval", "productive", "straggler_idle", "lost", "shutdown",
+              "hang", "recovery"):
         sec[k] = 0.0
+    sec["startup"] = startup["environment"] + sum(phases["node"].values())
     info: dict[str, Any] = {}
     steps_s = n_steps = saves = 0
     for i, snap in enumerate(segs):
@@ -277,10 +308,10 @@ def _generations(row: dict[str, Any], manifest: dict, segs: list[dict], gang: di
     bounds = [at for at, _ in losses] + [end]
     sec["recovery"] = sum(max(0.0, min(first if first is not None else bounds[j + 1], bounds[j + 1], end) - at)
                           for j, (at, first) in enumerate(losses))
-    row["begin"] = min(row["begin"], t0)
-    row["wall_s"] = end - row["begin"]
-    sec["other"] = 0.0
-    sec["other"] = row["wall_s"] - sum(sec.values())
+    row["begin"] = begin
+    row["wall_s"] = end - begin
+    _book_hang(sec, manifest)
+    row["overlap_s"] = _settle(sec, row["wall_s"])
     row["startup"] = {k: v for k, v in startup.items() if v}
     row["saves"] = saves
     if info:
@@ -301,7 +332,7 @@ def _node(step: str, task: str, attempts: list[int], inputs: tuple[dict, dict, d
         row = _attempt(key, manifests.get(key), jobs.get(key), snaps.get(key), kept_at, now)
         gang = (gangs or {}).get((step, a))
         if row is not None and gang is not None and key in gang[2]:  # hot spares: one attempt, several generations
-            _generations(row, manifests.get(key) or {}, gang[2][key], gang[0], gang[1], kept_at)
+            _generations(row, manifests.get(key) or {}, gang[2][key], gang[0], gang[1], kept_at, jobs.get(key))
         if row is not None:
             rows.append(row)
     if not rows:
@@ -309,8 +340,9 @@ def _node(step: str, task: str, attempts: list[int], inputs: tuple[dict, dict, d
     for prev, row in zip(rows, rows[1:], strict=False):  # a retry's wait: from one attempt's end to the next's begin
         gap = row["begin"] - prev["end"]
         row["seconds"]["retry_wait"] = max(0.0, gap)
-        row["seconds"]["other"] += min(0.0, gap)  # overlapping clocks: kept in the sum, said in `other`
         row["wall_s"] += gap
+        if gap < 0:  # overlapping clocks: taken out of this attempt's own time, said in the notes
+            row["overlap_s"] += _settle(row["seconds"], row["wall_s"])
     seconds = _sum(r["seconds"] for r in rows)
     node = next((m["parallel"].get("node_index") for m in (manifests.get((step, task, a)) for a in attempts)
                  if m and isinstance(m.get("parallel"), dict)), None)
@@ -363,12 +395,12 @@ def _advice(lead: dict, nodes: int, checkpoint: dict, step_s: float | None, env_
     or step time."""
     if not checkpoint["saves"] or checkpoint["mean_blocking_s"] is None or not step_s:
         return None
-    failed = [a for a in lead["attempts"] if a["status"] == "failed" and a.get("cause") not in NOT_FAILURES]
+    failed = _failures(lead)
     paid = _ratios(lead["seconds"], lead["wall_s"])["paid_s"]
     policy = next((a["checkpoint_policy"] for a in reversed(lead["attempts"]) if a.get("checkpoint_policy")), {})
     if env_hours is None and failed and paid > 0:
-        mtbf, source = paid / len(failed), "observed"
-        note = f"observed from {len(failed)} failure{'s' if len(failed) > 1 else ''}"
+        mtbf, source = paid / failed, "observed"
+        note = f"observed from {failed} failure{'s' if failed > 1 else ''}"
     elif env_hours is not None:
         mtbf, source, note = job_mtbf(env_hours, nodes, "env")
     else:  # what the trainer was given (its setting or environment), else the assumed MTBF
@@ -376,7 +408,15 @@ def _advice(lead: dict, nodes: int, checkpoint: dict, step_s: float | None, env_
         mtbf, source, note = job_mtbf(hours, nodes, policy["mtbf_source"]) if hours and given else \
             job_mtbf(NODE_MTBF_HOURS, nodes, "assumed")
     return {**advise(checkpoint["mean_blocking_s"], step_s, mtbf, source=source, mtbf_note=note,
-                     every_steps=checkpoint["every_steps"], failures=len(failed)), "auto": bool(policy.get("auto"))}
+                     every_steps=checkpoint["every_steps"], failures=failed), "auto": bool(policy.get("auto"))}
+
+
+def _failures(lead: dict) -> int:
+    """The failures node 0's records saw, for the MTBF: its failed attempts but for causes that say nothing of the
+    hardware, and every node a spare replaced (a loss the gang absorbed is a failure all the same; it cost the work
+    since the last checkpoint)."""
+    failed = sum(1 for a in lead["attempts"] if a["status"] == "failed" and a.get("cause") not in NOT_FAILURES)
+    return failed + sum(max(0, int(a.get("generations") or 1) - 1) for a in lead["attempts"])
 
 
 def _step(step: str, nodes: list[dict], price: Price | None, env_hours: float | None = None) -> dict[str, Any]:
@@ -390,7 +430,8 @@ def _step(step: str, nodes: list[dict], price: Price | None, env_hours: float | 
                   for a in lead["attempts"] if a["steps"] and a["steps"]["mean_step_s"])
     n_steps = sum(a["steps"]["last"] - a["steps"]["first"] for a in lead["attempts"] if a["steps"])
     saves = sum(a["saves"] for a in lead["attempts"])
-    failures = sum(1 for a in lead["attempts"] if a["status"] == "failed")
+    failures = sum(1 for a in lead["attempts"] if a["status"] == "failed") \
+        + sum(max(0, int(a.get("generations") or 1) - 1) for a in lead["attempts"])  # nodes spares replaced
     every = next((a["checkpoint_every"] for a in reversed(lead["attempts"]) if a["checkpoint_every"]), None)
     checkpoint = {"saves": saves, "every_steps": every, "blocking_s": lead["seconds"]["checkpoint_save"],
                   "mean_blocking_s": lead["seconds"]["checkpoint_save"] / saves if saves else None}
@@ -448,9 +489,13 @@ def run_goodput(store: BlobStore, flow: str, run_id: str, *, price: Price | None
     seconds = _sum(s["seconds"] for s in steps)
     node_s = sum(s["node_seconds"] for s in steps)
     other = seconds["other"]
-    if node_s and abs(other) > 0.01 * node_s:
+    if node_s and other > 0.01 * node_s:
         notes.append(f"{other:.1f} s ({100 * other / node_s:.1f} %) of the node-time is not explained by the "
                      "records (`other`): clocks of different hosts, or an attempt whose records are incomplete")
+    overlap = sum(a.get("overlap_s") or 0.0 for s in steps for n in s["tasks"] for a in n["attempts"])
+    if node_s and overlap > 0.01 * node_s:
+        notes.append(f"{overlap:.1f} s ({100 * overlap / node_s:.1f} %) of the node-time is counted twice by the "
+                     "records (clocks of different hosts); taken out of the queue and start-up first")
     costs = [s["cost"] for s in steps if s["cost"]]
     total_cost = {k: sum(c[k] for c in costs) for k in ("paid_usd", "lost_usd", "not_productive_usd", "unpriced_s")} \
         if costs else None

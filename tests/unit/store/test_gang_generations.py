@@ -167,3 +167,38 @@ def test_a_gang_without_a_loss_is_accounted_as_before(store):
                               init=5, steps=176, checkpoint_save=4))
     (a0,) = run_goodput(store, "F", "1")["steps"][0]["tasks"][0]["attempts"]
     assert a0["seconds"]["recovery"] == 0 and a0["seconds"]["productive"] == 176 and "generations" not in a0
+
+
+def test_a_slot_a_spare_took_is_not_queued_before_the_take_over(store):
+    """Issue 34, item 11: the gang's job was submitted at 990 (Slurm: no engine start); node 0 started at 1000, the
+    spare's task at 1055. The slot queued 10 s like node 0, not the 65 s to the take-over (unpaid: goodput would be
+    inflated), and no category is negative."""
+    from stoker.client.goodput import JOBS
+    from stoker.store.manifest import run_prefix
+
+    a_run(store)
+    ref = {"backend": "slurm", "job_id": "7", "members": 3, "kind": "gang", "step": "train", "task_ids": ["2", "3"],
+           "attempt": 0, "submitted_at": 990.0, "extra": {}}
+    put(store, run_prefix("F", "1") + JOBS + "slurm-7.json", ref)
+    doc = run_goodput(store, "F", "1")
+    n0, n1 = doc["steps"][0]["tasks"]
+    for node in (n0, n1):
+        (a,) = node["attempts"]
+        assert a["seconds"]["queue"] == 10 and a["wall_s"] == 210 and node["begin"] == 990
+        assert min(a["seconds"].values()) >= 0 and a["seconds"]["other"] == pytest.approx(0, abs=1e-9)
+    zero = dict.fromkeys(CATEGORIES, 0.0)
+    assert n1["attempts"][0]["seconds"] == pytest.approx({**zero, "queue": 10, "startup": 11, "productive": 30 + 116,
+                                                          "lost": 7, "checkpoint_save": 6, "recovery": 20,
+                                                          "shutdown": 10})
+    assert doc["total"]["paid_s"] == 400 and not doc["notes"]
+
+
+def test_a_loss_a_spare_absorbed_is_a_failure_for_the_checkpoint_advice(store, monkeypatch):
+    """Issue 34, item 14: the attempt succeeded, but node 1 was lost (a spare took its slot): the MTBF the advice
+    uses is observed from that one failure (node 0's 200 s paid), never the assumed 12 h."""
+    monkeypatch.delenv("STOKER_MTBF_HOURS", raising=False)
+    a_run(store)
+    step = run_goodput(store, "F", "1")["steps"][0]
+    advice = step["checkpoint"]["advice"]
+    assert advice["mtbf_source"] == "observed" and advice["failures"] == 1 and advice["mtbf_s"] == pytest.approx(200)
+    assert step["failures"] == 1 and step["mtbf_s"] == pytest.approx(200)
