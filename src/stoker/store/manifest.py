@@ -292,6 +292,24 @@ def store_manifest(store: BlobStore, manifest: Manifest | dict[str, Any]) -> tup
     return name, data
 
 
+def keep_recorded_cause(store: BlobStore, manifest: Manifest) -> None:
+    """Before a member stores its failed attempt's manifest, which never carries a cause: put in the cause and
+    evidence the driver already recorded in the stored one (a gang node the driver stopped, then finished a few
+    seconds later without waiting for it, writes after the driver; its write must not drop the cause). In place."""
+    if manifest.status != "failed" or (manifest.exception or {}).get("cause"):
+        return
+    name = manifest_name(manifest.flow, manifest.run_id, manifest.step, manifest.task_id, manifest.attempt)
+    try:
+        if not store.exists(name):
+            return
+        stored = read_manifest_object(store, name)
+    except Exception:  # noqa: BLE001 - none to keep (unreadable, not ours): the driver classifies this one
+        return
+    exc = stored.get("exception") or {}
+    if exc.get("cause"):
+        manifest.exception = dict(manifest.exception or {}, cause=exc["cause"], evidence=exc.get("evidence"))
+
+
 def read_manifest(store: BlobStore, flow: str, run_id: str, step: str, task_id: str,
                   attempt: int) -> dict[str, Any]:
     """Read an attempt's manifest and verify its signature (StoreError if it was never written, or is

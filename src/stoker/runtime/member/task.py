@@ -31,7 +31,7 @@ from stoker.runtime.spec import TaskSpec
 from stoker.store.artifacts import load_artifact, save_artifact, unchanged_since_load
 from stoker.store.blobs import BlobStore, open_store
 from stoker.store.goodput import take_timings
-from stoker.store.manifest import Manifest, exception_record, read_manifest, store_manifest
+from stoker.store.manifest import Manifest, exception_record, keep_recorded_cause, read_manifest, store_manifest
 from stoker.store.metrics import task_env as metrics_task_env
 from stoker.store.signing import seal
 
@@ -110,6 +110,7 @@ def run_task(flow_cls: type[FlowSpec], spec: TaskSpec, store: BlobStore | None =
     sys.stdout.flush()
     sys.stderr.flush()
     try:
+        keep_recorded_cause(store, manifest)  # written after the driver's (a stopped gang node): its cause stays
         sealed = seal(store.url, store_manifest(store, manifest)[1])  # stored first: the store is the truth
     except (OSError, StoreError) as e:  # e.g. a full disk: one line in the task's log, not stoker's traceback
         print(_unrecorded(spec, store.url, e), file=sys.stderr, flush=True)
