@@ -346,3 +346,26 @@ def test_a_refused_submission_gets_a_cause_too():
     assert m["exception"]["cause"] == CONFIG
     m = Attribution.refused(exc("BackendError", "sbatch: error: Batch job submission failed: Socket timed out"))
     assert m["exception"]["cause"] == NODE and "refused the submission" in m["exception"]["evidence"]
+
+
+NAN_LOG = ("[rank0] 2026-12-07 20:01:02 stoker.train INFO step 11 loss 7.1234 lr 3.00e-03\n"
+           "[rank0] error: loss is nan at step 12 (lr 0.003, grad norm nan); hint: lower train.lr, raise "
+           "train.warmup_steps, keep train.grad_clip > 0, use fp32 or check the data; resume from the last checkpoint "
+           "(none yet)\n" + TORCHRUN_REPORT)
+
+
+@pytest.mark.parametrize("manifest, tail", [
+    (exc("StokerError", TORCHRUN), NAN_LOG),  # torchrun exited 1: the rank's line in the log says it
+    (exc("TrainingError", "loss is nan at step 12 (lr 0.003, grad norm nan)"), ""),  # the step's own exception
+    (exc("ConfigError", "rank 0: loss is nan at step 12 (lr 0.003, grad norm nan)", permanent=True), ""),
+])
+def test_a_nan_loss_names_its_step_and_value_and_is_never_retried(manifest, tail):
+    """Issue 34, item 13: not "torchrun exited with code 1", and not retried as is (deterministic)."""
+    c = classify(manifest, st(1), tail)
+    assert c.kind == USER and c.retry == NEVER
+    assert c.evidence.startswith("the loss was nan at step 12") and "torchrun exited" not in c.evidence
+    assert not c.weak
+    book = _book()
+    t = _task("5", manifest=manifest)
+    book._tail = lambda *_: tail  # the attempt's log
+    assert book.verdict([t], t, book.cause_of(t, t.manifest)).startswith("user code error is deterministic")

@@ -97,6 +97,9 @@ PATTERNS: list[tuple[str, Any]] = [
     (DATA, _lazy(r"No space left on device|Input/output error|Stale file handle|Read-only file system|"
                  r"Disk quota exceeded|CorruptBlobError|CheckpointError")),
 ]
+# the trainer's non-finite loss (stoker.train.trainer: "loss is nan at step 12 (lr ...)"), as the task's exception or
+# its rank's line in the log ("[rank0] error: loss is nan at step 12 ..."): deterministic for the same data and seed
+_NAN_LOSS = _lazy(r"\bloss is (nan|-?inf) at step (\d+)", _I)
 _ENGINE_OOM = _lazy(r"out of memory|OutOfMemory|\boom\b|memory usage", _I)
 _ENGINE_NODE = _lazy(r"node fail|failed to boot|\blost\b|Host EC2|instance[^;]*terminated|NODE_FAIL|"
                      r"not responding|unreachable|CannotStartContainer|DockerTimeout|Task failed to start|"
@@ -165,7 +168,7 @@ def classify(manifest: dict | None, status: Any = None, log_tail: str = "", *, s
     ``log_tail``: the end of its stderr and stdout, ``stop_reason``: why stoker stopped it (None: it did not),
     ``host_oom``: the kernel's OOM killer ran while it did (stoker.runtime.driver.attribution reads /proc/vmstat)."""
     f = _facts(manifest, status, log_tail, stop_reason, host_oom)
-    for rule in (_stopped, _preempted, _time_limit, _hang, _configured, _engine, _typed, _patterns):
+    for rule in (_stopped, _preempted, _time_limit, _hang, _diverged, _configured, _engine, _typed, _patterns):
         found = rule(f)
         if found is not None:
             return found
@@ -238,6 +241,18 @@ def _hang(f: _Facts) -> Cause | None:
     if f.code == EXIT_HANG and f.died:  # the watchdog ended a step that did not unwind
         return cause(HANG, f"exit code {EXIT_HANG}: the task's watchdog ended it (no progress for its hang timeout; "
                            f"its stacks are in its log)")
+    return None
+
+
+def _diverged(f: _Facts) -> Cause | None:
+    """A NaN (or infinite) loss: the step's own error, its evidence the loss's value and step; never retried as is
+    (the same data, seed and settings give the same NaN: lower the learning rate, or resume from a checkpoint)."""
+    for where, text in (("exception", f.text), ("log", f.log)):
+        m = _NAN_LOSS.search(text)
+        if m is not None:
+            line = _matching_line(_NAN_LOSS, text) or m.group(0)
+            evidence = f"the loss was {m.group(1).lower()} at step {m.group(2)} ({where}: {line})"
+            return Cause(USER, _one_line(evidence), NEVER, f"{USER}: loss is {m.group(1).lower()} at step {m.group(2)}")
     return None
 
 
