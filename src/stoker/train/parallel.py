@@ -15,6 +15,7 @@ bfloat16 (FSDP2's ``MixedPrecisionPolicy`` with fp32 gradient reduction, otherwi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -111,10 +112,12 @@ class ParallelDims:
         return 0 if self.mesh is None else self.mesh.get_local_rank("tp")
 
 
-def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool = False) -> None:
     """Megatron-style tensor parallel: q/k/v and w1/w3 column-wise, wo and w2 row-wise, the embedding
-    row-wise (vocab-sharded) and the output column-wise with replicated logits. With sequence
-    parallel the norms and residual stream are sharded along the sequence between the blocks."""
+    row-wise (vocab-sharded) and the output column-wise. With sequence parallel the norms and residual
+    stream are sharded along the sequence between the blocks. With ``loss_parallel`` the model returns
+    its logits as a DTensor sharded on the vocabulary (compute the loss inside :func:`loss_context`, or
+    take ``.full_tensor()``); otherwise every TP rank all-gathers the full, replicated logits."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -127,7 +130,8 @@ def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> N
     residual = Shard(1) if sequence_parallel else Replicate()
     top_plan: dict[str, Any] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True),
+        "output": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                  use_local_output=not loss_parallel),
     }
     if sequence_parallel:
         top_plan["norm"] = SequenceParallel()
@@ -227,7 +231,8 @@ def parallelize(model: Llama, dims: ParallelDims, cfg: ParallelConfig) -> nn.Mod
     dims.validate_model(model.cfg)
     if dims.tp_enabled:
         assert dims.mesh is not None
-        apply_tp(model, dims.mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+        apply_tp(model, dims.mesh["tp"], sequence_parallel=cfg.sequence_parallel,
+                 loss_parallel=uses_loss_parallel(dims, cfg))
     apply_activation_checkpointing(model, cfg.activation_checkpoint)
     if cfg.compile:
         for block in model.layers.values():
@@ -236,8 +241,9 @@ def parallelize(model: Llama, dims: ParallelDims, cfg: ParallelConfig) -> nn.Mod
         assert dims.mesh is not None
         apply_fsdp(model, dims.mesh["dp"], precision=cfg.precision)
     log.info(
-        "parallelized: dp=%d (%s) tp=%d sp=%s ac=%s compile=%s precision=%s",
-        dims.dp, cfg.dp_mode, dims.tp, cfg.sequence_parallel, cfg.activation_checkpoint, cfg.compile, cfg.precision,
+        "parallelized: dp=%d (%s) tp=%d sp=%s loss_parallel=%s ac=%s compile=%s precision=%s",
+        dims.dp, cfg.dp_mode, dims.tp, cfg.sequence_parallel, uses_loss_parallel(dims, cfg), cfg.activation_checkpoint,
+        cfg.compile, cfg.precision,
     )
     return model
 
@@ -245,3 +251,18 @@ def parallelize(model: Llama, dims: ParallelDims, cfg: ParallelConfig) -> nn.Mod
 def uses_fsdp(dims: ParallelDims, cfg: ParallelConfig) -> bool:
     """Whether ``parallelize`` applied FSDP2 (then FSDP reduces gradients itself)."""
     return cfg.dp_mode == "fsdp" and dims.dp_enabled
+
+
+def uses_loss_parallel(dims: ParallelDims, cfg: ParallelConfig) -> bool:
+    """Whether the model's logits stay sharded on the vocabulary (``parallel.loss_parallel`` with TP)."""
+    return cfg.loss_parallel and dims.tp_enabled
+
+
+def loss_context(enabled: bool) -> contextlib.AbstractContextManager:
+    """torch's ``loss_parallel()`` when ``enabled``: cross entropy on vocabulary-sharded DTensor logits, and its
+    backward, without gathering the logits; both the loss and ``backward()`` must run inside it."""
+    if not enabled:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()

@@ -329,6 +329,10 @@ class ParallelConfig:
                                     "(gradients all-reduced, state replicated)")
     sequence_parallel: bool = setting(False, "with tp > 1, also shard the norms and the residual stream along "
                                              "the sequence")
+    loss_parallel: bool = setting(True, "with tp > 1, keep the output layer's logits sharded on the vocabulary and "
+                                        "compute the cross entropy on the shards (torch's loss_parallel), instead of "
+                                        "all-gathering the [batch, seq, vocab] logits on every TP rank; false: "
+                                        "replicated logits")
     activation_checkpoint: str = setting("none", "none, full (recompute each block) or selective (keep matmul "
                                                  "and attention outputs)")
     compile: bool = setting(False, "torch.compile each transformer block")

@@ -96,7 +96,7 @@ SPEC: dict[str, dict[str, tuple[Any, str, str]]] = {
         "tensor_parallel_degree": (1, "map", "parallel.tp, with parallel.sequence_parallel = true"),
         "fsdp_reshard_after_forward": ("default", "warn",
                                        "stoker reshards every block but the last (torchtitan's default)"),
-        "disable_loss_parallel": (False, "warn", "stoker computes the loss on replicated logits"),
+        "disable_loss_parallel": (False, "map", "parallel.loss_parallel = not disable_loss_parallel"),
         "enable_async_tensor_parallel": (False, "warn", "no async TP in stoker"),
         "enable_compiled_autograd": (False, "warn", "no compiled autograd in stoker"),
         "pipeline_parallel_degree": (1, "error", "stoker has no pipeline parallelism; use TP and FSDP"),
@@ -364,7 +364,8 @@ def convert(raw: dict[str, Any], *, source: str = "config", world_size: int | No
 def _parallel(par: dict[str, Any], world_size: int) -> dict[str, Any]:
     tp, rep = par["tensor_parallel_degree"], par["data_parallel_replicate_degree"]
     shard = par["data_parallel_shard_degree"]
-    out: dict[str, Any] = {"tp": tp, "sequence_parallel": tp > 1}  # torchtitan's TP always shards the norms too
+    out: dict[str, Any] = {"tp": tp, "sequence_parallel": tp > 1,  # torchtitan's TP always shards the norms too
+                           "loss_parallel": not par["disable_loss_parallel"]}
     if shard == -1:
         if rep == 1:
             return {**out, "dp": -1, "dp_mode": "fsdp"}  # FSDP over whatever ranks TP leaves

@@ -43,7 +43,7 @@ from stoker.train.metrics import MetricsWriter, flops_per_token
 from stoker.train.model import Llama
 from stoker.train.optim import LRSchedule, align_grads, allreduce_grads, build_optimizer, clip_grad_norm
 from stoker.train.optim_state import flat_state, set_step
-from stoker.train.parallel import ParallelDims, parallelize, uses_fsdp
+from stoker.train.parallel import ParallelDims, loss_context, parallelize, uses_fsdp, uses_loss_parallel
 from stoker.train.settings import TrainConfig
 from stoker.train.stragglers import COLLECTIVE, COMPUTE, DATA, NULL_TIMER, StragglerMonitor
 from stoker.train.zero import Zero1AdamW, init_adamw_state
@@ -140,6 +140,7 @@ class Trainer:
 
         self.dims.build_mesh(self.acc.device_type)
         self.fsdp = uses_fsdp(self.dims, cfg.parallel)
+        self.loss_parallel = uses_loss_parallel(self.dims, cfg.parallel)
         # what a checkpoint needs to be loadable here: the data-parallel size may differ (see optim_state)
         fingerprint = {"model": self.model_cfg.to_dict(), "tp": self.dims.tp,
                        "optimizer_state": "fsdp" if self.fsdp else "flat"}
@@ -287,10 +288,11 @@ class Trainer:
             if self.fsdp:
                 self.model.set_requires_gradient_sync(micro == self.accum - 1)
             with self._autocast():
-                logits = self.model(inputs)  # [B, S, V]
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            (loss / self.accum if self.accum > 1 else loss).backward()
-            loss_sum += loss.detach()
+                logits = self.model(inputs)  # [B, S, V]; with loss parallel a DTensor sharded on V over the TP ranks
+            with loss_context(self.loss_parallel):  # the loss and its backward on the shards (parallel.py)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+                (loss / self.accum if self.accum > 1 else loss).backward()
+            loss_sum += loss.detach().to_local() if self.loss_parallel else loss.detach()  # replicated over TP
             timer.mark(COMPUTE)
         timer.slow()  # the test hook STOKER_TEST_SLOW_RANK (a no-op otherwise)
         loss = loss_sum / self.accum

@@ -1,9 +1,8 @@
 """Multi-process training under real torchrun + gloo (2 ranks): TP=2 (with and without sequence
-parallel), ZeRO-1 over 2 ranks and FSDP2 over 2 ranks match a single-process reference; a run stopped
-at step k and resumed gives bitwise the same weights at step n as an uninterrupted one, and a checkpoint
-resumes on another data-parallel size (1 -> 2 -> 1 ranks, 1 -> 4 ranks; FSDP2 2 -> 4) with the same global
-batch. One
-test runs 4 ranks as a (dp=2, tp=2) mesh."""
+parallel, with and without loss parallel), ZeRO-1 over 2 ranks and FSDP2 over 2 ranks match a single-process
+reference; a run stopped at step k and resumed gives bitwise the same weights at step n as an uninterrupted one,
+and a checkpoint resumes on another data-parallel size (1 -> 2 -> 1 ranks, 1 -> 4 ranks; FSDP2 2 -> 4) with the
+same global batch. One test runs 4 ranks as a (dp=2, tp=2) mesh."""
 
 from __future__ import annotations
 
@@ -155,9 +154,17 @@ def test_tensor_parallel_matches_reference_and_resumes_bitwise(setup):
         job(tmp, data, "tp_sp", parallel={"tp": 2, "sequence_parallel": True, "activation_checkpoint": "selective"}),
         job(tmp, data, "tp_sp_resume", parallel={"tp": 2, "sequence_parallel": True},  # switch SP on at resume
             checkpoint={"resume_from": str(tmp / "tp_resume" / "checkpoints" / "step_00000002")}),
+        job(tmp, data, "tp_gathered", parallel={"tp": 2, "loss_parallel": False}),  # the replicated logits
+        job(tmp, data, "tp_tied", parallel={"tp": 2}, model={"tie_embeddings": True}),
+        job(tmp, data, "tp_tied_gathered", parallel={"tp": 2, "loss_parallel": False}, model={"tie_embeddings": True}),
     ]
     (tmp / "tp").mkdir()
-    full, stopped, resumed, sp, sp_resumed = torchrun(tmp / "tp", jobs)
+    full, stopped, resumed, sp, sp_resumed, gathered, tied, tied_gathered = torchrun(tmp / "tp", jobs)
+    # loss parallel (the default: cross entropy on vocabulary-sharded logits) is the gathered loss up to fp32 rounding,
+    # with the output layer tied to the embedding too
+    np.testing.assert_allclose(full["losses"], gathered["losses"], rtol=1e-5, atol=0)
+    np.testing.assert_allclose(tied["losses"], tied_gathered["losses"], rtol=1e-5, atol=0)
+    assert tied["losses"][-1] < tied["losses"][0]
     assert_elastic_resume(sp_resumed, full)
     assert full["tp"] == 2 and full["dp"] == 1
     assert_close_losses(full["losses"], reference["losses"])

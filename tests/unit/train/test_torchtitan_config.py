@@ -60,8 +60,8 @@ def test_the_example_maps_every_section() -> None:
     assert (t["steps"], t["micro_batch_size"], t["lr"], t["eps"], t["grad_clip"], t["warmup_steps"]) == \
         (10, 4, 8e-4, 1e-8, 1.0, 2)
     assert (t["schedule"], t["min_lr"], t["log_every"], t["weight_decay"]) == ("linear", 0.0, 1, 0.1)
-    assert out["parallel"] == {"precision": "fp32", "tp": 1, "sequence_parallel": False, "dp": -1,
-                               "dp_mode": "fsdp", "compile": False, "activation_checkpoint": "selective"}
+    assert out["parallel"] == {"precision": "fp32", "tp": 1, "sequence_parallel": False, "loss_parallel": True,
+                               "dp": -1, "dp_mode": "fsdp", "compile": False, "activation_checkpoint": "selective"}
     assert out["checkpoint"] == {"dir": "runs/llama3_debug/checkpoint", "every": 5, "keep": 10,
                                  "async_save": False, "save_final": True, "resume": "auto"}
     assert out["metrics"] == {"tensorboard": False, "progress": True}
@@ -147,6 +147,7 @@ def test_flavors_have_torchtitans_shapes(flavor: str) -> None:
     (4, {"data_parallel_shard_degree": 2, "tensor_parallel_degree": 2}, {"dp": 2, "dp_mode": "fsdp", "tp": 2}),
     (2, {"data_parallel_replicate_degree": 2}, {"dp": 2, "dp_mode": "ddp", "tp": 1}),
     (2, {"data_parallel_replicate_degree": 2, "data_parallel_shard_degree": 1}, {"dp": 2, "dp_mode": "ddp"}),
+    (2, {"tensor_parallel_degree": 2, "disable_loss_parallel": True}, {"tp": 2, "loss_parallel": False}),
 ])
 def test_parallelism_degrees(world: int, par: dict, expected: dict) -> None:
     out = convert(_titan(parallelism=par), world_size=world, prepare_data=False)["parallel"]
