@@ -286,15 +286,17 @@ def test_a_rank_killed_on_a_slurm_node_resubmits_the_gang_and_resumes_bitwise(re
     proc = _start(home, "--backend", "slurm=train", env={"STOKER_SHARED_PATHS": str(home)})
     run_id = _wait_for_new_checkpoint(home, before, proc).name
     victims = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "name"]):
         cmd = " ".join(p.info["cmdline"] or [])
         try:
-            env = p.environ()
+            env = p.environ()  # what the process was started with (a forked rank: its warm launcher's)
         except psutil.Error:
             continue
-        if "stoker.train" in cmd and "torch.distributed.run" not in cmd and env.get("RANK") == "3" \
-                and env.get("STOKER_RUN_ID") == run_id:
-            victims.append(p)
+        if env.get("STOKER_RUN_ID") != run_id:
+            continue
+        if p.info["name"] == "stoker-rank3" \
+                or ("stoker.train" in cmd and "torch.distributed.run" not in cmd and env.get("RANK") == "3"):
+            victims.append(p)  # forked from the node's warm launcher (every node here is this host), or torchrun's
     assert victims, "rank 3 must be running under slurmstepd"
     victims[0].send_signal(signal.SIGKILL)  # from outside the run: its Slurm job must end, then be resubmitted
     out, _ = proc.communicate(timeout=900)
