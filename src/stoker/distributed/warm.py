@@ -8,7 +8,7 @@ A waiting spare starts its own as soon as node 0 has said what the entrypoint is
 
 The ranks get the environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, ROLE_*, MASTER_ADDR/PORT: a static rendezvous; rank 0 hosts the process group's store, no agent store),
-their output is prefixed with their rank as torchrun's `--tee=3` does (`[default0]:...`), and when one fails the
+their output is prefixed with their local rank as torchrun's `--tee=3` does (`[default0]:...`), and when one fails the
 node's others get SIGTERM, then SIGKILL after the grace. A rank shows as `stoker-rank<RANK>` in `ps -o comm`.
 `STOKER_WARM_RANKS=0` starts each rank as a new Python instead (same launcher, no fork), as does a zygote whose
 imports left a thread running (forking it would not be safe).
@@ -249,7 +249,8 @@ class Ranks:
         self.stopping_at: float | None = None
         self.killed = self.lost = False
         self.codes: set[int] = set()
-        self.pumps = [threading.Thread(target=_pump, args=(fd, ranks[i // 2], 1 + i % 2), daemon=True,
+        # prefixed with the local rank, as torchrun's (`[default<local_rank>]:`): the ranks come in local order
+        self.pumps = [threading.Thread(target=_pump, args=(fd, i // 2, 1 + i % 2), daemon=True,
                                        name=f"rank-{ranks[i // 2]}-out") for i, fd in enumerate(outs)]
         for t in self.pumps:
             t.start()
@@ -340,7 +341,8 @@ _OUT_LOCKS = {1: threading.Lock(), 2: threading.Lock()}  # ranks' lines never mi
 
 
 def _pump(fd: int, rank: int, out: int) -> None:
-    """Copy a rank's stdout or stderr to this process's, each line prefixed `[default<rank>]:` (torchrun's tee)."""
+    """Copy a rank's stdout or stderr to this process's, each line prefixed `[default<local rank>]:` (torchrun's
+    tee)."""
     prefix, rest = f"[default{rank}]:".encode(), b""
     with os.fdopen(fd, "rb", buffering=0) as f:
         while chunk := f.read(65536):
