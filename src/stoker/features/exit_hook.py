@@ -6,18 +6,14 @@ of the run that ended (None when it cannot be read). Its output is printed; a ho
 `timeout` seconds (default 600: nothing waits forever), is reported in one line and does not change how the run
 ended. A flow may carry several `@exit_hook`s; their hooks run in the order given.
 
-    python -m stoker.features.exit_hook FLOW_FILE FUNCTION FLOW/RUN_ID    (what the run calls for each hook)
+    python -m stoker.features.run_exit_hook FLOW_FILE FUNCTION FLOW/RUN_ID    (what the run calls for each hook)
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import os
 import subprocess
 import sys
-from typing import Any
 
 from stoker.errors import ConfigError
 from stoker.flow.decorators import FlowDecorator
@@ -54,7 +50,7 @@ exit_hook = ExitHookDecorator.make()
 
 def _call(flow_file: str, fn: str, pathspec: str, timeout: float) -> None:
     try:
-        out = subprocess.run([sys.executable, "-m", "stoker.features.exit_hook", flow_file, fn, pathspec],
+        out = subprocess.run([sys.executable, "-m", "stoker.features.run_exit_hook", flow_file, fn, pathspec],
                              capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
     except subprocess.TimeoutExpired:
         print(f"[exit_hook] hook '{fn}' ran longer than {timeout:g} s and was stopped", flush=True)
@@ -64,46 +60,3 @@ def _call(flow_file: str, fn: str, pathspec: str, timeout: float) -> None:
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
         print(f"[exit_hook] hook '{fn}' failed: {last}", flush=True)
-
-
-def _load(flow_file: str, fn: str) -> Any:
-    module_name, _, function = fn.rpartition(".")
-    if module_name:
-        try:
-            return getattr(importlib.import_module(module_name), function)
-        except (ImportError, AttributeError):
-            pass
-    name = os.path.splitext(os.path.basename(flow_file))[0]
-    spec = importlib.util.spec_from_file_location(name, flow_file)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"[exit_hook] cannot load {flow_file}")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(flow_file)))
-    spec.loader.exec_module(module)
-    if not hasattr(module, fn):
-        raise SystemExit(f"[exit_hook] no function '{fn}' in {flow_file} and no module.function of that name")
-    return getattr(module, fn)
-
-
-def main(argv: list[str]) -> None:
-    flow_file, fn, pathspec = argv
-    hook = _load(flow_file, fn)
-    params = inspect.signature(hook).parameters
-    if "run" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        from stoker.client import Run, namespace
-
-        namespace(None)
-        try:
-            run = Run(pathspec)
-        except Exception as e:  # the hook still runs, as Metaflow's does, with run=None
-            print(f"[exit_hook] cannot read run {pathspec}: {e}", file=sys.stderr)
-            run = None
-        hook(run=run)
-    else:
-        hook()
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit("usage: python -m stoker.features.exit_hook FLOW_FILE FUNCTION FLOW/RUN_ID")
-    main(sys.argv[1:])

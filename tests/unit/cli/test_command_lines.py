@@ -145,6 +145,7 @@ CASES: dict[str, Case] = {
     "stoker.distributed.zygote, no socket": M("stoker.distributed.zygote", "7", code=USAGE,
                                               text="the launcher starts it"),
     "stoker.cli.guardian, no run": M("stoker.cli.guardian", code=USAGE, text="required"),
+    "stoker.features.run_exit_hook, no args": M("stoker.features.run_exit_hook", text="FLOW_FILE FUNCTION FLOW/RUN_ID"),
     "stoker.cli.main --limit x": M("stoker.cli.main", "runs", "--limit", "x", code=USAGE),
     "stoker.runtime.node, a bad spec": M("stoker.runtime.node", "--store", "{tmp}/s", "--code", "x", "--spec", "y",
                                          text="not a blob key"),
