@@ -39,9 +39,10 @@ import time
 from typing import Any
 
 MAX_MSG = 1 << 20
-# imported in a rank, never in the zygote: they start the device runtime's threads, and a fork copies one thread
 # an entrypoint's `WARM_IMPORTS = ("pkg.mod", ...)`: modules it imports late (when its training starts), preloaded too
 WARM_IMPORTS = "WARM_IMPORTS"
+# imported in a rank, never in the zygote: they start the device runtime's threads, and a fork copies one thread
+# (stoker._process.DEVICE_RUNTIMES, written out here: the zygote imports no stoker module before it preloads)
 NOT_PRELOADED = ("torch_xla", "torch_neuronx", "neuronx_distributed", "libneuronxla", "jax", "tensorflow")
 
 
@@ -50,10 +51,9 @@ def _send(sock: socket.socket, doc: dict[str, Any]) -> None:
 
 
 def _threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
+    from stoker._process import native_threads
+
+    return native_threads()
 
 
 def unsafe_to_fork() -> str:

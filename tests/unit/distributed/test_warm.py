@@ -288,3 +288,11 @@ def test_max_restarts_with_spares_is_refused_before_anything_runs():
     assert problem and "max_restarts" in problem and "drop max_restarts (or the spares)" in problem
     assert TorchrunDecorator({"spares": 1}).plan_problem({}, {}) is None
     assert TorchrunDecorator({"max_restarts": 2}).plan_problem({}, {}) is None
+
+
+def test_the_zygote_leaves_out_the_device_runtimes_the_fork_check_names():
+    """The zygote writes the list out (it imports no stoker module before it preloads): it must stay the same."""
+    from stoker._process import DEVICE_RUNTIMES
+    from stoker.distributed.zygote import NOT_PRELOADED
+
+    assert NOT_PRELOADED == DEVICE_RUNTIMES
