@@ -45,8 +45,6 @@ NAMES = (*_WHY, *_CALLABLES)
 class _DeployOnly(FlowDecorator):
     """Takes effect where a flow is deployed to an event-driven scheduler; `run` ignores it, as Metaflow's does."""
 
-    allow_multiple = False
-
 
 class ScheduleDecorator(_DeployOnly):
     """`@schedule(hourly=, daily=, weekly=, cron=, timezone=)`: when a deployed flow runs; ignored by `run`."""
